@@ -1,0 +1,205 @@
+// specdec — declarations shared by every kernel. This file is prepended to each kernel's source
+// (WGSL has no includes); it declares no bindings, so every kernel still owns its own layout.
+//
+// Everything here has a Rust twin: `src/rng.rs` (Philox, uniforms, Exp(1) noise) and
+// `src/layout.rs` (the structs, byte for byte). Change both together.
+
+// ---------------------------------------------------------------------------------------------
+// Packed layouts. Each struct is 16-byte aligned and made of 4-byte scalars so that the WGSL and
+// the #[repr(C)] Rust layouts agree without hidden padding (a test checks this with naga).
+// ---------------------------------------------------------------------------------------------
+
+// Per-dispatch parameters, one 256-byte slot per dispatch (bound with a dynamic offset).
+// A "window" is a range of target rows whose logits fit one storage binding.
+struct Params {
+    vocab: u32,          // V: columns of a target row
+    draft_vocab: u32,    // columns of a draft row (== V for now)
+    block_len: u32,      // vocabulary entries per workgroup
+    num_blocks: u32,     // ceil(V / block_len)
+    row_begin: u32,      // first global target row of this window
+    row_count: u32,      // target rows in this window
+    t_elem_base: u32,    // element index, in the target binding, of row_begin's first logit
+    d_row_begin: u32,    // first global draft row of this window
+    d_elem_base: u32,    // element index, in the draft binding, of d_row_begin's first value
+    draft_kind: u32,     // DRAFT_NONE / DRAFT_PROBS / DRAFT_LOGITS
+    req_begin: u32,      // first request overlapping this window
+    req_count: u32,      // requests overlapping this window
+    num_requests: u32,   // R, whole batch
+    out_stride: u32,     // K_max + 1
+    total_rows: u32,     // Σ (k_r + 1)
+    _pad: u32,
+}
+
+// Per-request metadata (64 bytes).
+struct ReqInfo {
+    row_offset: u32,       // first global target row
+    draft_offset: u32,     // first global draft row == index of its first draft id / rate
+    num_drafts: u32,       // k_r
+    flags: u32,            // REQ_* bits
+    inv_temperature: f32,  // 1 / T (0 for greedy)
+    seed_lo: u32,
+    seed_hi: u32,
+    pos_lo: u32,           // absolute position of the first draft token (RNG counter)
+    pos_hi: u32,
+    out_offset: u32,       // r * out_stride
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+    _pad4: u32,
+    _pad5: u32,
+}
+
+// Row statistics, per (row, vocab block) and, after the merge, per row (32 bytes).
+//   t_max   max target logit (NaN treated as -inf)      t_sum  Σ exp((l - t_max) / T)
+//   t_arg   lowest index of t_max                       flags  ROW_* bits
+//   t_at_d  target logit at the drafted token (0 when the token is not in this block / no draft)
+//   q_max, q_sum, q_at_d: the same for the draft row (draft logits), q_at_d also for probabilities
+struct RowStats {
+    t_max: f32,
+    t_sum: f32,
+    t_arg: u32,
+    flags: u32,
+    t_at_d: f32,
+    q_max: f32,
+    q_sum: f32,
+    q_at_d: f32,
+}
+
+// What the residual pass must sample for a request (16 bytes).
+struct Task {
+    kind: u32,         // TASK_*
+    local_row: u32,    // row within the request (0..=k): the rejected row or the bonus row
+    draft_token: i32,  // drafted token at that row (-1 for the bonus row or an invalid draft)
+    slot: u32,         // index in the token output where the sampled token goes
+}
+
+// Per-(request, block) candidate of the residual argmax (16 bytes).
+struct Candidate {
+    r_key: f32,   // best r(y) / e(y) in the block (0 when the residual is empty there)
+    r_idx: u32,
+    p_key: f32,   // best p(y) / e(y): the fallback when the whole residual is empty
+    p_idx: u32,
+}
+
+const DRAFT_NONE: u32 = 0u;
+const DRAFT_PROBS: u32 = 1u;
+const DRAFT_LOGITS: u32 = 2u;
+
+const REQ_GREEDY: u32 = 1u;
+const REQ_SYNTHETIC: u32 = 2u;
+// Deliberate faults, only for negative controls of the statistical tests (never set by users).
+const REQ_FAULT_REJECT_ALL: u32 = 256u;
+const REQ_FAULT_SHARED_NOISE: u32 = 512u;
+
+const ROW_T_NAN: u32 = 1u;
+const ROW_T_POSINF: u32 = 2u;
+const ROW_Q_NAN: u32 = 4u;
+const ROW_Q_POSINF: u32 = 8u;
+
+const TASK_NONE: u32 = 0u;
+const TASK_FROM_TARGET: u32 = 1u;     // sample from p (bonus row, or a residual with no usable q)
+const TASK_ONE_HOT_RESIDUAL: u32 = 2u; // p with the drafted token removed
+const TASK_DRAFT_RESIDUAL: u32 = 3u;   // max(p - q, 0)
+
+const STATUS_TARGET_NONFINITE: u32 = 1u;
+const STATUS_DRAFT_NONFINITE: u32 = 2u;
+const STATUS_EMPTY_RESIDUAL: u32 = 4u;
+
+const STREAM_ACCEPT: u32 = 0u;
+const STREAM_RESIDUAL: u32 = 1u;
+const STREAM_BONUS: u32 = 2u;
+
+const NO_INDEX: u32 = 0xffffffffu;
+const NEG_INF_BITS: u32 = 0xff800000u;
+const POS_INF_BITS: u32 = 0x7f800000u;
+
+// Workgroup size; the tree reductions below assume a power of two no larger than MAX_WG.
+override WG: u32 = 256u;
+const MAX_WG: u32 = 256u;
+
+// NaN and infinity tests on the bit pattern: compilers allowed to assume finite floats may fold
+// `x != x` away, but they cannot fold integer compares.
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > POS_INF_BITS;
+}
+fn is_pos_inf(x: f32) -> bool {
+    return bitcast<u32>(x) == POS_INF_BITS;
+}
+fn is_neg_inf(x: f32) -> bool {
+    return bitcast<u32>(x) == NEG_INF_BITS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Philox4x32-10 (Salmon et al., SC'11), counter-based: the same (key, counter) gives the same four
+// words on every device. WGSL has no 64-bit integers, so the 32x32->64 product is assembled from
+// 16-bit halves; the Rust twin uses u64 and a test checks both against the published vectors.
+// ---------------------------------------------------------------------------------------------
+
+fn mulhi32(a: u32, b: u32) -> u32 {
+    let a_lo = a & 0xffffu;
+    let a_hi = a >> 16u;
+    let b_lo = b & 0xffffu;
+    let b_hi = b >> 16u;
+    let ll = a_lo * b_lo;
+    let lh = a_lo * b_hi;
+    let hl = a_hi * b_lo;
+    let hh = a_hi * b_hi;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+}
+
+fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var round = 0u; round < 10u; round += 1u) {
+        if (round > 0u) {
+            k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+        }
+        let hi0 = mulhi32(0xD2511F53u, c.x);
+        let lo0 = 0xD2511F53u * c.x;
+        let hi1 = mulhi32(0xCD9E8D57u, c.z);
+        let lo1 = 0xCD9E8D57u * c.z;
+        c = vec4<u32>(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    }
+    return c;
+}
+
+// Counter layout (SPEC §5): (vocab index / 4, row position low, stream, row position high),
+// key = seed. Word `vocab index % 4` of the output belongs to that vocabulary entry, so one Philox
+// call feeds four consecutive entries. The row position is the request's position + local row.
+fn row_position(info: ReqInfo, local_row: u32) -> vec2<u32> {
+    let lo = info.pos_lo + local_row;
+    let carry = select(0u, 1u, lo < info.pos_lo);
+    return vec2<u32>(lo, info.pos_hi + carry);
+}
+
+fn random_words(info: ReqInfo, pos: vec2<u32>, stream: u32, quad: u32) -> vec4<u32> {
+    return philox4x32_10(vec4<u32>(quad, pos.x, stream, pos.y), vec2<u32>(info.seed_lo, info.seed_hi));
+}
+
+// Uniform in the open interval (0, 1) from the top 23 bits: (m + 0.5) / 2^23 is exact in f32,
+// never 0 and never 1.
+fn uniform_open(bits: u32) -> f32 {
+    return (f32(bits >> 9u) + 0.5) * (1.0 / 8388608.0);
+}
+
+// Exp(1) variate e = -ln(1 - w), w = bits / 2^32 truncated to 24 significant bits (exact in f32,
+// never 0, never 1). The winners of an exponential race have small e, i.e. small w, so w keeps
+// full relative precision near 0 (leading zeros are shifted out) and -ln(1 - w) uses its Taylor
+// series there; every step is exact integer work or a rounding the Rust twin reproduces.
+fn exp1_from_bits(bits: u32) -> f32 {
+    var w: f32;
+    if (bits == 0u) {
+        w = 1.16415322e-10; // 2^-33: below every other value, still > 0
+    } else {
+        let z = countLeadingZeros(bits);
+        let m = (bits << z) >> 8u;
+        w = ldexp(f32(m), -24 - i32(z));
+    }
+    if (w < 0.015625) {
+        // w + w^2/2 + w^3/3 + w^4/4 + w^5/5, relative error below w^5/6 < 2^-32
+        return w * (1.0 + w * (0.5 + w * (0.33333334 + w * (0.25 + w * 0.2))));
+    }
+    return -log(1.0 - w);
+}

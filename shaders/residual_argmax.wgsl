@@ -1,0 +1,165 @@
+// residual_argmax — samples the one token each non-greedy request still needs: the recovered
+// token from the rejected row's residual, or the bonus token from the bonus row.
+// CPU twin: src/cpu/residual_argmax.rs. Labels: specdec.residual_argmax.block / .merge.
+//
+// Exponential race (equivalent to Gumbel-max): y* = argmax_y r(y) / e_y with e_y ~ Exp(1)
+// independent, which picks y with probability r(y) / Σ r — no sort, no normalisation of r, one
+// pass. r is max(p - q, 0) (TASK_DRAFT_RESIDUAL), p without the drafted token
+// (TASK_ONE_HOT_RESIDUAL) or p (TASK_FROM_TARGET). Alongside, each block also keeps the best
+// p(y) / e_y: if the residual has no mass anywhere (p == q) the merge falls back to it and sets
+// STATUS_EMPTY_RESIDUAL. Ties go to the lowest index, so the result does not depend on the
+// reduction order and the twin needs no lane emulation.
+//
+// Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
+// in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
+// Dispatch `merge`: one invocation per request folds its blocks and writes the token.
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> target_logits: array<f32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<f32>;
+@group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
+@group(0) @binding(4) var<storage, read> row_stats: array<RowStats>;
+@group(0) @binding(5) var<storage, read> tasks: array<Task>;
+@group(0) @binding(6) var<storage, read_write> candidates: array<Candidate>;
+@group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
+
+var<workgroup> sh_rk: array<f32, MAX_WG>;
+var<workgroup> sh_ri: array<u32, MAX_WG>;
+var<workgroup> sh_pk: array<f32, MAX_WG>;
+var<workgroup> sh_pi: array<u32, MAX_WG>;
+
+// Larger key wins; equal keys go to the lower index.
+fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
+    return key > best_key || (key == best_key && idx < best_idx);
+}
+
+@compute @workgroup_size(WG)
+fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let block_id = wid.x;
+    let r = params.req_begin + wid.y;
+    let task = tasks[r];
+    let info = requests[r];
+    let row = info.row_offset + task.local_row;
+    let in_window = task.kind != TASK_NONE && row >= params.row_begin
+        && row < params.row_begin + params.row_count;
+
+    let st = row_stats[row];
+    let inv_t = info.inv_temperature;
+    let begin = block_id * params.block_len;
+    var end = min(begin + params.block_len, params.vocab);
+    if (!in_window) {
+        end = begin; // no work, but every lane still reaches the barriers below
+    }
+    let t_base = params.t_elem_base + (row - params.row_begin) * params.vocab;
+    let d_row = info.draft_offset + task.local_row;
+    let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL;
+    let q_logits = params.draft_kind == DRAFT_LOGITS;
+    var stream = STREAM_RESIDUAL;
+    if (task.local_row == info.num_drafts) {
+        stream = STREAM_BONUS;
+    }
+    if ((info.flags & REQ_FAULT_SHARED_NOISE) != 0u) {
+        stream = STREAM_ACCEPT; // negative control: noise correlated with the accept draw
+    }
+    let pos = row_position(info, task.local_row);
+
+    var best_rk = 0.0;
+    var best_ri = NO_INDEX;
+    var best_pk = 0.0;
+    var best_pi = NO_INDEX;
+    // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary.
+    for (var g = begin + 4u * lane; g < end; g += 4u * WG) {
+        let words = random_words(info, pos, stream, g / 4u);
+        for (var j = 0u; j < 4u; j += 1u) {
+            let y = g + j;
+            if (y >= end) {
+                break;
+            }
+            let p = exp((target_logits[t_base + y] - st.t_max) * inv_t) / st.t_sum;
+            var res = p;
+            if (use_q) {
+                var q = 0.0;
+                if (y < params.draft_vocab) {
+                    let v = draft_values[d_base + y];
+                    if (q_logits) {
+                        q = exp((v - st.q_max) * inv_t) / st.q_sum;
+                    } else if (!(is_nan(v) || is_pos_inf(v) || v < 0.0)) {
+                        q = v;
+                    }
+                }
+                res = max(p - q, 0.0);
+            } else if (task.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == task.draft_token) {
+                res = 0.0;
+            }
+            let e = exp1_from_bits(words[j]);
+            let rk = res / e;
+            let pk = p / e;
+            if (rk > 0.0 && better(rk, y, best_rk, best_ri)) {
+                best_rk = rk;
+                best_ri = y;
+            }
+            if (pk > 0.0 && better(pk, y, best_pk, best_pi)) {
+                best_pk = pk;
+                best_pi = y;
+            }
+        }
+    }
+    sh_rk[lane] = best_rk;
+    sh_ri[lane] = best_ri;
+    sh_pk[lane] = best_pk;
+    sh_pi[lane] = best_pi;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let o = lane + stride;
+            if (better(sh_rk[o], sh_ri[o], sh_rk[lane], sh_ri[lane])) {
+                sh_rk[lane] = sh_rk[o];
+                sh_ri[lane] = sh_ri[o];
+            }
+            if (better(sh_pk[o], sh_pi[o], sh_pk[lane], sh_pi[lane])) {
+                sh_pk[lane] = sh_pk[o];
+                sh_pi[lane] = sh_pi[o];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && in_window) {
+        candidates[r * params.num_blocks + block_id] = Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0]);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn merge(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= params.num_requests) {
+        return;
+    }
+    let task = tasks[r];
+    if (task.kind == TASK_NONE) {
+        return;
+    }
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
+    for (var b = 0u; b < params.num_blocks; b += 1u) {
+        let c = candidates[r * params.num_blocks + b];
+        if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
+            best.r_key = c.r_key;
+            best.r_idx = c.r_idx;
+        }
+        if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
+            best.p_key = c.p_key;
+            best.p_idx = c.p_idx;
+        }
+    }
+    var token = best.r_idx;
+    if (token == NO_INDEX) {
+        // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
+        token = best.p_idx;
+        let status_idx = params.num_requests * params.out_stride + params.num_requests + r;
+        out_words[status_idx] = out_words[status_idx] | STATUS_EMPTY_RESIDUAL;
+    }
+    if (token == NO_INDEX) {
+        token = row_stats[requests[r].row_offset + task.local_row].t_arg;
+    }
+    out_words[task.slot] = token;
+}

@@ -1,0 +1,413 @@
+//! The public description of a verification batch and of its result (SPEC §2), and the host-side
+//! checks and metadata ("plan") shared by the CPU and GPU backends.
+
+use crate::error::Error;
+use crate::layout::*;
+use std::fmt;
+
+/// Most drafts one request may carry. The kernels have no fixed-size arrays; the bound keeps the
+/// output stride and the per-request loop of the verify kernel reasonable.
+pub const MAX_DRAFTS_PER_REQUEST: u32 = 1024;
+
+/// How a request decides acceptance (SPEC §3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rule {
+    /// Greedy when `temperature == 0`, otherwise standard rejection sampling against the batch's
+    /// draft distribution (one-hot when the batch has none).
+    #[default]
+    Exact,
+    /// Benchmark mode: accept draft `i` iff `u_i < rate_i` with the conditional rates given in
+    /// [`VerifyBatch::synthetic_rates`]; everything else (reads, statistics, resampling) costs what
+    /// [`Rule::Exact`] costs.
+    Synthetic,
+}
+
+/// Sampling parameters of one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy. Must be finite and ≥ 0.
+    pub temperature: f32,
+    /// Seed of the request's random stream; `None` draws one (reported in
+    /// [`VerifyOutput::seeds`] so that the call can be replayed).
+    pub seed: Option<u64>,
+    /// Acceptance rule.
+    pub rule: Rule,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            seed: None,
+            rule: Rule::Exact,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy verification (temperature 0).
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+    /// Random verification at `temperature` with a fixed `seed`.
+    pub fn seeded(temperature: f32, seed: u64) -> Self {
+        SamplingParams {
+            temperature,
+            seed: Some(seed),
+            rule: Rule::Exact,
+        }
+    }
+}
+
+/// One request of a batch: `num_drafts` drafts scored by `num_drafts + 1` target rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Request {
+    /// `k_r`, may be 0 (a plain decode step in the same batch).
+    pub num_drafts: u32,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Absolute position of the first draft token in its sequence: the RNG counter (SPEC §5), so
+    /// the same request at the same position draws the same numbers in any batch.
+    pub position: u64,
+}
+
+/// The draft distribution of a host-slice batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Draft<'a> {
+    /// No distribution: `q` is one-hot at the drafted token (n-gram or greedy drafters).
+    OneHot,
+    /// Probabilities `q`, Σ num_drafts rows × vocab_size.
+    Probs(&'a [f32]),
+    /// Draft logits, Σ num_drafts rows × vocab_size, turned into `q` with each request's
+    /// temperature.
+    Logits(&'a [f32]),
+}
+
+/// A batch to verify, in host memory (SPEC §2 layout).
+#[derive(Clone, Copy, Debug)]
+pub struct VerifyBatch<'a> {
+    /// Vocabulary size `V` (row length).
+    pub vocab_size: u32,
+    /// The requests, in output order.
+    pub requests: &'a [Request],
+    /// Σ num_drafts ids, request after request; −1 marks an invalid draft (always rejected).
+    pub draft_token_ids: &'a [i32],
+    /// Σ (num_drafts + 1) rows × V target logits; request r owns num_drafts + 1 consecutive rows,
+    /// the last one being its bonus row.
+    pub target_logits: &'a [f32],
+    /// The draft distribution.
+    pub draft: Draft<'a>,
+    /// Conditional acceptance rates, one per draft (Σ num_drafts values in [0, 1]); needed when a
+    /// request uses [`Rule::Synthetic`], ignored otherwise.
+    pub synthetic_rates: Option<&'a [f32]>,
+}
+
+/// Per-request outcome flags. `Status::OK` (no bit set) is the normal case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Status(pub u32);
+
+impl Status {
+    /// Nothing unusual.
+    pub const OK: Status = Status(0);
+    /// A target row had NaN or +inf, or was all −inf: the request stopped at that row and emitted
+    /// its argmax (NaN counted as −inf, lowest index on ties, 0 if the row has no finite value).
+    pub const TARGET_NONFINITE: Status = Status(1);
+    /// A draft-logit row had NaN or +inf, or was all −inf: its draft was rejected and the token
+    /// resampled from p.
+    pub const DRAFT_NONFINITE: Status = Status(2);
+    /// The residual max(p − q, 0) had no mass: the token was sampled from p instead.
+    pub const EMPTY_RESIDUAL: Status = Status(4);
+
+    /// True when no flag is set.
+    pub fn is_ok(self) -> bool {
+        self.0 == 0
+    }
+    /// True when every flag of `other` is set.
+    pub fn contains(self, other: Status) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_ok() {
+            return write!(f, "ok");
+        }
+        let mut parts = Vec::new();
+        if self.contains(Status::TARGET_NONFINITE) {
+            parts.push("target-nonfinite");
+        }
+        if self.contains(Status::DRAFT_NONFINITE) {
+            parts.push("draft-nonfinite");
+        }
+        if self.contains(Status::EMPTY_RESIDUAL) {
+            parts.push("empty-residual");
+        }
+        write!(f, "{}", parts.join("+"))
+    }
+}
+
+/// The result of a verify call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyOutput {
+    /// R × `stride` token ids: the accepted drafts, then the emitted (recovered or bonus) token,
+    /// then −1 up to the end of the row. Every slot is written.
+    pub tokens: Vec<i32>,
+    /// Per request: accepted drafts + 1.
+    pub num_emitted: Vec<u32>,
+    /// Per request outcome flags.
+    pub status: Vec<Status>,
+    /// Row stride of `tokens`: K_max + 1.
+    pub stride: usize,
+    /// The seed each request used (drawn ones included), for replay.
+    pub seeds: Vec<u64>,
+}
+
+impl VerifyOutput {
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.num_emitted.len()
+    }
+    /// True for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.num_emitted.is_empty()
+    }
+    /// The tokens request `r` emits: its accepted drafts followed by one sampled token.
+    pub fn emitted(&self, r: usize) -> &[i32] {
+        let start = r * self.stride;
+        &self.tokens[start..start + self.num_emitted[r] as usize]
+    }
+    /// Number of drafts request `r` accepted.
+    pub fn accepted(&self, r: usize) -> usize {
+        self.num_emitted[r] as usize - 1
+    }
+}
+
+/// Debug-only faults for the negative controls of statistical tests: a deliberately wrong sampler
+/// that the tests must reject. Never use them for real work.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fault {
+    /// Correct sampler.
+    #[default]
+    None,
+    /// Reject every draft and sample from p: the right marginal, the wrong halves.
+    RejectAllFromTarget,
+    /// Draw the residual noise from the accept stream (noise shared between the accept test and
+    /// the resample).
+    SharedNoise,
+}
+
+/// The shape of a batch, independent of where its logits live.
+pub(crate) struct Shape<'a> {
+    pub vocab: u32,
+    pub requests: &'a [Request],
+    pub draft_ids: &'a [i32],
+    pub draft_kind: u32,
+    pub rates: Option<&'a [f32]>,
+}
+
+/// Host-side metadata of a checked batch, uploaded as is to the GPU or used by the CPU twin.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub vocab: u32,
+    pub draft_vocab: u32,
+    pub draft_kind: u32,
+    pub reqs: Vec<ReqInfo>,
+    /// Per target row: (request, local row, drafted token as u32, global draft row or NO_INDEX).
+    pub row_info: Vec<[u32; 4]>,
+    pub draft_ids: Vec<i32>,
+    pub rates: Vec<f32>,
+    pub total_rows: usize,
+    pub total_drafts: usize,
+    pub out_stride: usize,
+    pub seeds: Vec<u64>,
+}
+
+impl Plan {
+    /// Checks the batch and builds its metadata. `draw_seed` supplies seeds for `seed: None`.
+    pub fn new(shape: &Shape<'_>, fault: Fault, mut draw_seed: impl FnMut() -> u64) -> Result<Plan, Error> {
+        let vocab = shape.vocab;
+        if vocab == 0 || vocab > i32::MAX as u32 {
+            return Err(Error::InvalidVocab {
+                vocab_size: u64::from(vocab),
+            });
+        }
+        let mut total_drafts = 0usize;
+        let mut k_max = 0u32;
+        let mut any_synthetic = false;
+        for (r, req) in shape.requests.iter().enumerate() {
+            if req.num_drafts > MAX_DRAFTS_PER_REQUEST {
+                return Err(Error::TooManyDrafts {
+                    request: r,
+                    num_drafts: req.num_drafts,
+                });
+            }
+            let t = req.params.temperature;
+            if !t.is_finite() || t < 0.0 {
+                return Err(Error::InvalidTemperature {
+                    request: r,
+                    temperature: t,
+                });
+            }
+            any_synthetic |= req.params.rule == Rule::Synthetic;
+            total_drafts += req.num_drafts as usize;
+            k_max = k_max.max(req.num_drafts);
+        }
+        let total_rows = total_drafts + shape.requests.len();
+        if shape.draft_ids.len() != total_drafts {
+            return Err(Error::DraftIdCount {
+                expected: total_drafts,
+                got: shape.draft_ids.len(),
+            });
+        }
+        if let Some((index, &token)) = shape
+            .draft_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < -1 || t >= vocab as i32)
+        {
+            return Err(Error::TokenOutOfRange {
+                index,
+                token,
+                vocab_size: vocab,
+            });
+        }
+        let rates = match (any_synthetic, shape.rates) {
+            (false, _) => Vec::new(),
+            (true, None) => {
+                return Err(Error::SyntheticRates {
+                    reason: "a request uses Rule::Synthetic but synthetic_rates is None; give one \
+                             conditional rate per draft"
+                        .into(),
+                })
+            }
+            (true, Some(rates)) => {
+                if rates.len() != total_drafts {
+                    return Err(Error::SyntheticRates {
+                        reason: format!(
+                            "{} rates given, the requests have {total_drafts} drafts (one rate each)",
+                            rates.len()
+                        ),
+                    });
+                }
+                if let Some((i, v)) = rates
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !(0.0..=1.0).contains(*v))
+                {
+                    return Err(Error::SyntheticRates {
+                        reason: format!("rate[{i}] = {v} is not a probability in [0, 1]"),
+                    });
+                }
+                rates.to_vec()
+            }
+        };
+        if total_rows > (i32::MAX as usize) || total_rows.saturating_mul(vocab as usize) > u64::MAX as usize {
+            return Err(Error::BatchTooLarge {
+                reason: format!("{total_rows} rows exceed 32-bit row indices"),
+            });
+        }
+        let out_stride = k_max as usize + 1;
+        let fault_bits = match fault {
+            Fault::None => 0,
+            Fault::RejectAllFromTarget => REQ_FAULT_REJECT_ALL,
+            Fault::SharedNoise => REQ_FAULT_SHARED_NOISE,
+        };
+        let mut reqs = Vec::with_capacity(shape.requests.len());
+        let mut row_info = Vec::with_capacity(total_rows);
+        let mut seeds = Vec::with_capacity(shape.requests.len());
+        let (mut row, mut drow) = (0u32, 0u32);
+        for (r, req) in shape.requests.iter().enumerate() {
+            let seed = req.params.seed.unwrap_or_else(&mut draw_seed);
+            seeds.push(seed);
+            let greedy = req.params.temperature == 0.0;
+            let mut flags = fault_bits;
+            if greedy {
+                flags |= REQ_GREEDY;
+            }
+            if req.params.rule == Rule::Synthetic {
+                flags |= REQ_SYNTHETIC;
+            }
+            let inv_temperature = if greedy { 0.0 } else { 1.0 / req.params.temperature };
+            reqs.push(ReqInfo {
+                row_offset: row,
+                draft_offset: drow,
+                num_drafts: req.num_drafts,
+                flags,
+                inv_temperature,
+                seed_lo: seed as u32,
+                seed_hi: (seed >> 32) as u32,
+                pos_lo: req.position as u32,
+                pos_hi: (req.position >> 32) as u32,
+                out_offset: (r * out_stride) as u32,
+                _pad: [0; 6],
+            });
+            for i in 0..=req.num_drafts {
+                if i < req.num_drafts {
+                    let d = shape.draft_ids[(drow + i) as usize];
+                    row_info.push([r as u32, i, d as u32, drow + i]);
+                } else {
+                    row_info.push([r as u32, i, u32::MAX, NO_INDEX]);
+                }
+            }
+            row += req.num_drafts + 1;
+            drow += req.num_drafts;
+        }
+        Ok(Plan {
+            vocab,
+            draft_vocab: vocab,
+            draft_kind: shape.draft_kind,
+            reqs,
+            row_info,
+            draft_ids: shape.draft_ids.to_vec(),
+            rates,
+            total_rows,
+            total_drafts,
+            out_stride,
+            seeds,
+        })
+    }
+
+    /// Number of requests.
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Decodes the packed output words (`[tokens | num_emitted | status]`) into a VerifyOutput.
+    pub fn decode_output(&self, words: &[u32]) -> VerifyOutput {
+        let r = self.num_requests();
+        let n_tok = r * self.out_stride;
+        VerifyOutput {
+            tokens: words[..n_tok].iter().map(|&w| w as i32).collect(),
+            num_emitted: words[n_tok..n_tok + r].to_vec(),
+            status: words[n_tok + r..n_tok + 2 * r].iter().map(|&w| Status(w)).collect(),
+            stride: self.out_stride,
+            seeds: self.seeds.clone(),
+        }
+    }
+}
+
+/// Checks a host slice's element count against the rows the plan needs.
+pub(crate) fn check_rows(got: usize, rows: usize, vocab: u32, draft: bool) -> Result<(), Error> {
+    if got == rows * vocab as usize {
+        return Ok(());
+    }
+    Err(if draft {
+        Error::DraftRowCount {
+            expected_rows: rows,
+            got_elements: got,
+            vocab_size: vocab,
+        }
+    } else {
+        Error::TargetRowCount {
+            expected_rows: rows,
+            got_elements: got,
+            vocab_size: vocab,
+        }
+    })
+}

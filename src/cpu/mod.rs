@@ -1,0 +1,107 @@
+//! The CPU backend: the twin of every kernel, run over host slices. It is a real backend for
+//! machines without a GPU driver and the oracle of the GPU tests. Work is split over threads by
+//! rows; the result does not depend on the thread count.
+
+pub mod residual_argmax;
+pub mod row_stats;
+pub mod verify;
+
+use crate::batch::Plan;
+use crate::layout::*;
+use row_stats::RowInput;
+
+/// How the CPU twin mirrors a GPU dispatch: vocabulary entries per block and lanes per block.
+#[derive(Clone, Copy, Debug)]
+pub struct TwinShape {
+    /// Vocabulary entries per block (the GPU's `block_len`).
+    pub block_len: usize,
+    /// Lanes per block (the GPU's workgroup size).
+    pub wg: usize,
+    /// Worker threads (1 = the calling thread only).
+    pub threads: usize,
+}
+
+/// The inputs of one row of the statistics pass.
+pub(crate) fn row_input<'a>(plan: &Plan, g: usize, target: &'a [f32], draft: Option<&'a [f32]>) -> RowInput<'a> {
+    let v = plan.vocab as usize;
+    let dv = plan.draft_vocab as usize;
+    let [r, k_row, drafted, d_row] = plan.row_info[g];
+    let info = &plan.reqs[r as usize];
+    let greedy = info.flags & REQ_GREEDY != 0;
+    let drafted = drafted as i32;
+    let draft_row = if d_row != NO_INDEX {
+        draft.map(|d| &d[d_row as usize * dv..(d_row as usize + 1) * dv])
+    } else {
+        None
+    };
+    let scores_draft = k_row < info.num_drafts;
+    RowInput {
+        target: &target[g * v..(g + 1) * v],
+        draft_logits: if plan.draft_kind == DRAFT_LOGITS && scores_draft && !greedy {
+            draft_row
+        } else {
+            None
+        },
+        draft_values: if drafted >= 0 { draft_row } else { None },
+        drafted,
+        greedy,
+        inv_t: info.inv_temperature,
+    }
+}
+
+/// Runs a checked batch on the CPU and returns the packed output words
+/// `[tokens | num_emitted | status]`, exactly as the GPU leaves them.
+pub(crate) fn run(plan: &Plan, target: &[f32], draft: Option<&[f32]>, shape: TwinShape) -> Vec<u32> {
+    let n = plan.num_requests();
+    let v = plan.vocab as usize;
+    let dv = plan.draft_vocab as usize;
+    let mut stats = vec![RowStats::default(); plan.total_rows];
+    parallel_chunks(&mut stats, shape.threads, |first, chunk| {
+        for (i, st) in chunk.iter_mut().enumerate() {
+            let input = row_input(plan, first + i, target, draft);
+            *st = row_stats::row(&input, v, shape.block_len, shape.wg);
+        }
+    });
+    let mut words = vec![0u32; n * plan.out_stride + 2 * n];
+    let tasks: Vec<Task> = (0..n).map(|r| verify::request(plan, r, &stats, &mut words)).collect();
+    let mut best = vec![Candidate::default(); n];
+    parallel_chunks(&mut best, shape.threads, |first, chunk| {
+        for (i, c) in chunk.iter_mut().enumerate() {
+            let r = first + i;
+            let task = &tasks[r];
+            if task.kind == TASK_NONE {
+                continue;
+            }
+            let info = &plan.reqs[r];
+            let g = (info.row_offset + task.local_row) as usize;
+            let d_row = (info.draft_offset + task.local_row) as usize;
+            let draft_row = if task.kind == TASK_DRAFT_RESIDUAL {
+                draft.map(|d| &d[d_row * dv..(d_row + 1) * dv])
+            } else {
+                None
+            };
+            *c = residual_argmax::candidate(plan, info, task, &stats[g], &target[g * v..(g + 1) * v], draft_row);
+        }
+    });
+    for r in 0..n {
+        let g = (plan.reqs[r].row_offset + tasks[r].local_row) as usize;
+        residual_argmax::finish(plan, r, &tasks[r], &best[r], &stats[g], &mut words);
+    }
+    words
+}
+
+/// Applies `f(first_index, chunk)` to `threads` contiguous chunks of `items` in parallel.
+fn parallel_chunks<T: Send>(items: &mut [T], threads: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let threads = threads.max(1).min(items.len().max(1));
+    if threads == 1 {
+        f(0, items);
+        return;
+    }
+    let per = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (c, chunk) in items.chunks_mut(per).enumerate() {
+            let f = &f;
+            scope.spawn(move || f(c * per, chunk));
+        }
+    });
+}

@@ -1,0 +1,88 @@
+//! CPU twin of `shaders/residual_argmax.wgsl`: the exponential race over one row.
+//! Ties go to the lowest index, so a plain left-to-right scan gives the GPU's answer without
+//! emulating its blocks and lanes.
+
+use crate::batch::Plan;
+use crate::cpu::verify::{sanitize_prob, STATUS_EMPTY_RESIDUAL};
+use crate::layout::*;
+use crate::rng::{exp1_from_bits, random_words, row_position, STREAM_ACCEPT, STREAM_BONUS, STREAM_RESIDUAL};
+
+#[inline]
+fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
+    key > best_key || (key == best_key && idx < best_idx)
+}
+
+/// The noise stream of a task (bonus rows and residual rows draw from disjoint streams).
+fn stream_of(info: &ReqInfo, task: &Task) -> u32 {
+    if info.flags & REQ_FAULT_SHARED_NOISE != 0 {
+        STREAM_ACCEPT
+    } else if task.local_row == info.num_drafts {
+        STREAM_BONUS
+    } else {
+        STREAM_RESIDUAL
+    }
+}
+
+/// The best candidate of the race over `target` (the task's row) for request `info`.
+/// `draft` is the task's draft row (probabilities or logits per `plan.draft_kind`) when the task
+/// subtracts q.
+pub fn candidate(plan: &Plan, info: &ReqInfo, task: &Task, st: &RowStats, target: &[f32], draft: Option<&[f32]>) -> Candidate {
+    let inv_t = info.inv_temperature;
+    let pos = row_position(info.position(), task.local_row);
+    let stream = stream_of(info, task);
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL;
+    let q_logits = plan.draft_kind == DRAFT_LOGITS;
+    let mut best = Candidate::default();
+    let mut words = [0u32; 4];
+    for (y, &l) in target.iter().enumerate() {
+        if y % 4 == 0 {
+            words = random_words(info.seed(), pos, stream, (y / 4) as u32);
+        }
+        let p = ((l - st.t_max) * inv_t).exp() / st.t_sum;
+        let mut res = p;
+        if use_q {
+            let mut q = 0.0;
+            if let Some(draft) = draft {
+                if y < plan.draft_vocab as usize {
+                    let v = draft[y];
+                    q = if q_logits {
+                        ((v - st.q_max) * inv_t).exp() / st.q_sum
+                    } else {
+                        sanitize_prob(v)
+                    };
+                }
+            }
+            res = (p - q).max(0.0);
+        } else if task.kind == TASK_ONE_HOT_RESIDUAL && y as i32 == task.draft_token {
+            res = 0.0;
+        }
+        let e = exp1_from_bits(words[y % 4]);
+        let (rk, pk) = (res / e, p / e);
+        if rk > 0.0 && better(rk, y as u32, best.r_key, best.r_idx) {
+            best.r_key = rk;
+            best.r_idx = y as u32;
+        }
+        if pk > 0.0 && better(pk, y as u32, best.p_key, best.p_idx) {
+            best.p_key = pk;
+            best.p_idx = y as u32;
+        }
+    }
+    best
+}
+
+/// Writes the sampled token of request `r` from its (merged) candidate, as the `merge` entry does.
+pub fn finish(plan: &Plan, r: usize, task: &Task, best: &Candidate, st: &RowStats, out_words: &mut [u32]) {
+    if task.kind == TASK_NONE {
+        return;
+    }
+    let mut token = best.r_idx;
+    if token == NO_INDEX {
+        token = best.p_idx;
+        let n = plan.num_requests();
+        out_words[n * plan.out_stride + n + r] |= STATUS_EMPTY_RESIDUAL;
+    }
+    if token == NO_INDEX {
+        token = st.t_arg;
+    }
+    out_words[task.slot as usize] = token;
+}

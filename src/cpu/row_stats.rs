@@ -1,0 +1,178 @@
+//! CPU twin of `shaders/row_stats.wgsl`: the same lanes, the same tree, the same NaN rules, so
+//! the sums agree with the GPU's up to the last bits of `exp`.
+
+use crate::layout::*;
+
+/// Online softmax state of one emulated lane.
+#[derive(Clone, Copy)]
+struct Acc {
+    m: f32,
+    s: f32,
+    a: u32,
+    flags: u32,
+}
+
+const ACC_NEW: Acc = Acc {
+    m: f32::NEG_INFINITY,
+    s: 0.0,
+    a: NO_INDEX,
+    flags: 0,
+};
+
+#[inline]
+fn push(acc: &mut Acc, x: f32, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) {
+    if x.is_nan() {
+        acc.flags |= nan_flag;
+        return;
+    }
+    if x == f32::INFINITY {
+        acc.flags |= inf_flag;
+    }
+    if x > acc.m {
+        if with_sum {
+            acc.s = acc.s * ((acc.m - x) * inv_t).exp() + 1.0;
+        }
+        acc.m = x;
+        acc.a = y;
+    } else if with_sum && x != f32::NEG_INFINITY {
+        acc.s += ((x - acc.m) * inv_t).exp();
+    }
+}
+
+/// One side of a merge rescaled to `m_new`; a −inf side contributes nothing.
+#[inline]
+pub(crate) fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
+    if m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        s * ((m - m_new) * inv_t).exp()
+    }
+}
+
+/// Argmax merge: larger value wins, equal values go to the lower index.
+#[inline]
+fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
+    m_other > m_self || (m_other == m_self && a_other < a_self)
+}
+
+/// One row's inputs to the statistics pass.
+pub struct RowInput<'a> {
+    /// The target row (V values).
+    pub target: &'a [f32],
+    /// The draft-logit row to reduce alongside (draft logits mode, non-greedy draft rows only).
+    pub draft_logits: Option<&'a [f32]>,
+    /// The draft row to read `q_at_d` from (probabilities or logits), if the batch has one.
+    pub draft_values: Option<&'a [f32]>,
+    /// Drafted token of this row, −1 for none.
+    pub drafted: i32,
+    /// Greedy rows skip the sums.
+    pub greedy: bool,
+    /// 1 / T.
+    pub inv_t: f32,
+}
+
+/// Statistics of vocabulary entries `[begin, end)` of one row, as one workgroup of `wg` lanes
+/// computes them: lane `j` visits `begin + j, begin + j + wg, …`, then lanes fold as a tree.
+pub fn block(input: &RowInput<'_>, begin: usize, end: usize, wg: usize) -> RowStats {
+    let with_sum = !input.greedy;
+    let inv_t = input.inv_t;
+    let mut t = vec![ACC_NEW; wg];
+    let mut q = vec![ACC_NEW; wg];
+    for (i, &x) in input.target[begin..end].iter().enumerate() {
+        push(&mut t[i % wg], x, (begin + i) as u32, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+    }
+    if let Some(draft) = input.draft_logits {
+        let d_end = end.min(draft.len());
+        if d_end > begin {
+            for (i, &x) in draft[begin..d_end].iter().enumerate() {
+                push(&mut q[i % wg], x, (begin + i) as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+            }
+        }
+    }
+    for (tl, ql) in t.iter_mut().zip(&q) {
+        tl.flags |= ql.flags;
+    }
+    let mut stride = wg / 2;
+    while stride > 0 {
+        for lane in 0..stride {
+            let o = lane + stride;
+            let (a, b) = (t[lane], t[o]);
+            let m_new = a.m.max(b.m);
+            if with_sum {
+                t[lane].s = rescale(a.m, a.s, m_new, inv_t) + rescale(b.m, b.s, m_new, inv_t);
+            }
+            if takes_other(a.m, a.a, b.m, b.a) {
+                t[lane].a = b.a;
+            }
+            t[lane].m = m_new;
+            t[lane].flags = a.flags | b.flags;
+            if input.draft_logits.is_some() {
+                let (qa, qb) = (q[lane], q[o]);
+                let qm_new = qa.m.max(qb.m);
+                q[lane].s = rescale(qa.m, qa.s, qm_new, inv_t) + rescale(qb.m, qb.s, qm_new, inv_t);
+                q[lane].m = qm_new;
+            }
+        }
+        stride /= 2;
+    }
+    let mut out = RowStats {
+        t_max: t[0].m,
+        t_sum: t[0].s,
+        t_arg: t[0].a,
+        flags: t[0].flags,
+        t_at_d: 0.0,
+        q_max: q[0].m,
+        q_sum: q[0].s,
+        q_at_d: 0.0,
+    };
+    if input.drafted >= 0 {
+        let d = input.drafted as usize;
+        if d >= begin && d < end {
+            out.t_at_d = input.target[d];
+            if let Some(values) = input.draft_values {
+                if d < values.len() {
+                    out.q_at_d = values[d];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Folds a row's block statistics in block order, as the `merge` entry point does.
+pub fn merge(blocks: &[RowStats], input: &RowInput<'_>, block_len: usize) -> RowStats {
+    let with_sum = !input.greedy;
+    let inv_t = input.inv_t;
+    let mut acc = blocks[0];
+    for o in &blocks[1..] {
+        let m_new = acc.t_max.max(o.t_max);
+        if with_sum {
+            acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
+        }
+        if takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg) {
+            acc.t_arg = o.t_arg;
+        }
+        acc.t_max = m_new;
+        let qm_new = acc.q_max.max(o.q_max);
+        acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
+        acc.q_max = qm_new;
+        acc.flags |= o.flags;
+    }
+    if acc.t_arg == NO_INDEX {
+        acc.t_arg = 0;
+    }
+    if input.drafted >= 0 {
+        let holder = blocks[input.drafted as usize / block_len];
+        acc.t_at_d = holder.t_at_d;
+        acc.q_at_d = holder.q_at_d;
+    }
+    acc
+}
+
+/// Statistics of a whole row: every block, then the merge.
+pub fn row(input: &RowInput<'_>, vocab: usize, block_len: usize, wg: usize) -> RowStats {
+    let blocks: Vec<RowStats> = (0..vocab.div_ceil(block_len))
+        .map(|b| block(input, b * block_len, ((b + 1) * block_len).min(vocab), wg))
+        .collect();
+    merge(&blocks, input, block_len)
+}

@@ -1,0 +1,864 @@
+//! The wgpu backend: adapter selection, the pipeline cache, pooled workspaces, recording a
+//! verification into a command encoder, and the readback.
+
+use crate::batch::Plan;
+use crate::error::Error;
+use crate::layout::*;
+use crate::shaders::Kernel;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Storage buffers the widest kernel binds in one stage (residual_argmax: 7).
+const STORAGE_BUFFERS_NEEDED: u32 = 7;
+/// Bytes of one Params slot; a multiple of every adapter's uniform offset alignment (≤ 256).
+const PARAM_SLOT: u64 = 256;
+
+/// Finds the adapter `Verifier::new` uses: `WGPU_BACKEND` limits the backends,
+/// `WGPU_ADAPTER_NAME` (case-insensitive substring) picks one by name; otherwise the best by type
+/// (discrete, integrated, virtual, other, CPU/software), native APIs before OpenGL.
+pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
+    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = backends;
+    let instance = wgpu::Instance::new(desc);
+    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    let seen: Vec<String> = adapters
+        .iter()
+        .map(|a| {
+            let i = a.get_info();
+            format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+        })
+        .collect();
+    let wanted = std::env::var("WGPU_ADAPTER_NAME").ok().map(|s| s.to_lowercase());
+    let rank = |a: &wgpu::Adapter| {
+        let i = a.get_info();
+        let ty = match i.device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Other => 3,
+            wgpu::DeviceType::Cpu => 4,
+        };
+        (ty, u8::from(i.backend == wgpu::Backend::Gl))
+    };
+    let mut candidates: Vec<wgpu::Adapter> = adapters
+        .into_iter()
+        .filter(|a| match &wanted {
+            Some(w) => a.get_info().name.to_lowercase().contains(w.as_str()),
+            None => true,
+        })
+        .collect();
+    candidates.sort_by_key(rank);
+    candidates.into_iter().next().ok_or_else(|| Error::NoAdapter {
+        detail: format!(
+            "backends {backends:?}{}; adapters seen: [{}]",
+            wanted.map(|w| format!(", WGPU_ADAPTER_NAME={w:?}")).unwrap_or_default(),
+            seen.join(", ")
+        ),
+    })
+}
+
+/// The limits we ask of an adapter: WebGPU's downlevel defaults, raised to what the adapter
+/// offers for the sizes that decide how much one binding / dispatch can hold.
+pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
+    if adapter.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS_NEEDED {
+        return Err(Error::RequestDevice {
+            detail: format!(
+                "the kernels bind {STORAGE_BUFFERS_NEEDED} storage buffers per stage, the adapter \
+                 allows {}",
+                adapter.max_storage_buffers_per_shader_stage
+            ),
+        });
+    }
+    let mut l = wgpu::Limits::downlevel_defaults();
+    l.max_storage_buffers_per_shader_stage = STORAGE_BUFFERS_NEEDED;
+    l.max_storage_buffer_binding_size = adapter.max_storage_buffer_binding_size;
+    l.max_buffer_size = adapter.max_buffer_size;
+    l.max_compute_workgroups_per_dimension = adapter.max_compute_workgroups_per_dimension;
+    l.max_compute_invocations_per_workgroup = adapter.max_compute_invocations_per_workgroup;
+    l.max_compute_workgroup_size_x = adapter.max_compute_workgroup_size_x;
+    Ok(l)
+}
+
+/// A pipeline cache key: kernel, entry point, workgroup size (the `WG` override).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    kernel: Kernel,
+    entry: &'static str,
+    wg: u32,
+}
+
+/// A buffer that grows (to the next power of two) when a batch needs more.
+struct Grow {
+    buffer: Option<wgpu::Buffer>,
+    usage: wgpu::BufferUsages,
+    label: &'static str,
+}
+
+impl Grow {
+    fn new(label: &'static str, usage: wgpu::BufferUsages) -> Self {
+        Grow { buffer: None, usage, label }
+    }
+    fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> &wgpu::Buffer {
+        let bytes = bytes.max(16).next_multiple_of(16);
+        if self.buffer.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.buffer = Some(device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(self.label),
+                size: bytes.next_power_of_two(),
+                usage: self.usage,
+                mapped_at_creation: false,
+            }));
+        }
+        self.buffer.as_ref().expect("just ensured")
+    }
+    fn get(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("ensured before use")
+    }
+}
+
+/// The buffers of one in-flight verification, pooled and reused across calls.
+pub(crate) struct Workspace {
+    params: Grow,
+    requests: Grow,
+    row_info: Grow,
+    draft_ids: Grow,
+    rates: Grow,
+    block_stats: Grow,
+    row_stats: Grow,
+    tasks: Grow,
+    candidates: Grow,
+    out: Grow,
+    readback: Grow,
+    upload_target: Grow,
+    upload_draft: Grow,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        use wgpu::BufferUsages as U;
+        let storage = U::STORAGE | U::COPY_DST;
+        Workspace {
+            params: Grow::new("specdec.params", U::UNIFORM | U::COPY_DST),
+            requests: Grow::new("specdec.requests", storage),
+            row_info: Grow::new("specdec.row_info", storage),
+            draft_ids: Grow::new("specdec.draft_ids", storage),
+            rates: Grow::new("specdec.rates", storage),
+            block_stats: Grow::new("specdec.block_stats", storage),
+            row_stats: Grow::new("specdec.row_stats", storage),
+            tasks: Grow::new("specdec.tasks", storage),
+            candidates: Grow::new("specdec.candidates", storage),
+            out: Grow::new("specdec.out", storage | U::COPY_SRC),
+            readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
+            upload_target: Grow::new("specdec.upload_target", storage),
+            upload_draft: Grow::new("specdec.upload_draft", storage),
+        }
+    }
+}
+
+/// A logits (or draft) buffer of the caller, with the byte offset of its first row.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuRows<'a> {
+    /// The buffer (needs `BufferUsages::STORAGE`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first row; a multiple of 4.
+    pub offset: u64,
+}
+
+/// The draft distribution of a GPU-resident batch.
+#[derive(Clone, Copy, Debug)]
+pub enum GpuDraft<'a> {
+    /// One-hot at the drafted token.
+    OneHot,
+    /// Probabilities, Σ num_drafts rows × V f32.
+    Probs(GpuRows<'a>),
+    /// Draft logits, Σ num_drafts rows × V f32.
+    Logits(GpuRows<'a>),
+}
+
+/// A range of target rows whose logits fit one storage binding, with the draft rows and the
+/// requests that go with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub row_begin: usize,
+    pub row_end: usize,
+    pub d_row_begin: usize,
+    pub d_row_end: usize,
+    pub req_begin: usize,
+    pub req_end: usize,
+}
+
+/// Splits the rows into windows of at most `max_rows` rows.
+pub(crate) fn plan_windows(plan: &Plan, max_rows: usize) -> Vec<Window> {
+    let mut windows = Vec::new();
+    let mut begin = 0;
+    while begin < plan.total_rows {
+        let end = (begin + max_rows).min(plan.total_rows);
+        let (mut d_begin, mut d_end) = (usize::MAX, 0);
+        for info in &plan.row_info[begin..end] {
+            if info[3] != NO_INDEX {
+                d_begin = d_begin.min(info[3] as usize);
+                d_end = d_end.max(info[3] as usize + 1);
+            }
+        }
+        if d_end == 0 {
+            d_begin = 0;
+        }
+        windows.push(Window {
+            row_begin: begin,
+            row_end: end,
+            d_row_begin: d_begin,
+            d_row_end: d_end,
+            req_begin: plan.row_info[begin][0] as usize,
+            req_end: plan.row_info[end - 1][0] as usize + 1,
+        });
+        begin = end;
+    }
+    windows
+}
+
+/// The device, its pipelines and the workspace pool.
+pub(crate) struct GpuBackend {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    wg: u32,
+    block_len: u32,
+    max_binding: u64,
+    timeout: Duration,
+    layouts: HashMap<Kernel, wgpu::BindGroupLayout>,
+    pipelines: HashMap<PipelineKey, wgpu::ComputePipeline>,
+    pool: Mutex<Vec<Workspace>>,
+    dummy: wgpu::Buffer,
+    lost: Arc<Mutex<Option<String>>>,
+    owns_device: bool,
+    uncaptured: Arc<AtomicBool>,
+}
+
+fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty,
+        count: None,
+    }
+}
+
+fn storage(read_only: bool) -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Storage { read_only },
+        has_dynamic_offset: false,
+        min_binding_size: None,
+    }
+}
+
+fn params_uniform() -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty: wgpu::BufferBindingType::Uniform,
+        has_dynamic_offset: true,
+        min_binding_size: std::num::NonZeroU64::new(std::mem::size_of::<Params>() as u64),
+    }
+}
+
+/// The explicit bind group layout of a kernel: binding 0 the Params slot (dynamic offset), then
+/// its storage buffers, read-only ones first.
+fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
+    match kernel {
+        Kernel::RowStats => vec![
+            layout_entry(0, params_uniform()),
+            layout_entry(1, storage(true)),
+            layout_entry(2, storage(true)),
+            layout_entry(3, storage(true)),
+            layout_entry(4, storage(true)),
+            layout_entry(5, storage(false)),
+            layout_entry(6, storage(false)),
+        ],
+        Kernel::Verify => vec![
+            layout_entry(0, params_uniform()),
+            layout_entry(1, storage(true)),
+            layout_entry(2, storage(true)),
+            layout_entry(3, storage(true)),
+            layout_entry(4, storage(true)),
+            layout_entry(5, storage(false)),
+            layout_entry(6, storage(false)),
+        ],
+        Kernel::ResidualArgmax => vec![
+            layout_entry(0, params_uniform()),
+            layout_entry(1, storage(true)),
+            layout_entry(2, storage(true)),
+            layout_entry(3, storage(true)),
+            layout_entry(4, storage(true)),
+            layout_entry(5, storage(true)),
+            layout_entry(6, storage(false)),
+            layout_entry(7, storage(false)),
+        ],
+        Kernel::RngCheck => vec![
+            layout_entry(0, storage(true)),
+            layout_entry(1, storage(true)),
+            layout_entry(2, storage(false)),
+        ],
+    }
+}
+
+/// Runs `f` inside validation and out-of-memory error scopes and turns a captured error into
+/// `Error::Gpu` (wgpu's default handler would panic the host app).
+fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let value = f();
+    let v = pollster::block_on(validation.pop());
+    let o = pollster::block_on(oom.pop());
+    match v.or(o) {
+        Some(e) => Err(Error::Gpu { detail: e.to_string() }),
+        None => Ok(value),
+    }
+}
+
+impl GpuBackend {
+    pub fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        opts: &crate::VerifierOptions,
+        owns_device: bool,
+    ) -> Result<Self, Error> {
+        let limits = device.limits();
+        if limits.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS_NEEDED {
+            return Err(Error::RequestDevice {
+                detail: format!(
+                    "the device allows {} storage buffers per stage; the kernels need {}",
+                    limits.max_storage_buffers_per_shader_stage, STORAGE_BUFFERS_NEEDED
+                ),
+            });
+        }
+        let lost = Arc::new(Mutex::new(None));
+        let uncaptured = Arc::new(AtomicBool::new(false));
+        if owns_device {
+            // Our own device: nothing may reach wgpu's default handler, which panics.
+            let flag = uncaptured.clone();
+            device.on_uncaptured_error(Arc::new(move |_e: wgpu::Error| {
+                flag.store(true, Ordering::SeqCst);
+            }));
+            let lost_c = lost.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                *lost_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {message}"));
+            });
+        }
+        let max_wg = limits
+            .max_compute_invocations_per_workgroup
+            .min(limits.max_compute_workgroup_size_x)
+            .min(256);
+        let wg = opts
+            .workgroup_size
+            .unwrap_or(256)
+            .min(max_wg)
+            .max(1)
+            .next_power_of_two();
+        let wg = if wg > max_wg { wg / 2 } else { wg };
+        let max_binding = opts
+            .max_binding_bytes
+            .map_or(limits.max_storage_buffer_binding_size, |m| m.min(limits.max_storage_buffer_binding_size));
+        let built = scoped(&device, || {
+            let mut layouts = HashMap::new();
+            let mut pipelines = HashMap::new();
+            for kernel in Kernel::ALL {
+                let label = format!("specdec.{}", kernel.name());
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&label),
+                    source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                });
+                let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(&label),
+                    entries: &kernel_layout_entries(kernel),
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(&label),
+                    bind_group_layouts: &[Some(&bgl)],
+                    immediate_size: 0,
+                });
+                for &entry in kernel.entry_points() {
+                    let constants = [("WG", f64::from(wg))];
+                    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&format!("{label}.{entry}")),
+                        layout: Some(&pl),
+                        module: &module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &constants,
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    });
+                    pipelines.insert(PipelineKey { kernel, entry, wg }, pipeline);
+                }
+                layouts.insert(kernel, bgl);
+            }
+            let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.dummy"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            (layouts, pipelines, dummy)
+        })?;
+        let (layouts, pipelines, dummy) = built;
+        Ok(GpuBackend {
+            device,
+            queue,
+            info,
+            wg,
+            block_len: opts.block_len,
+            max_binding,
+            timeout: opts.timeout,
+            layouts,
+            pipelines,
+            pool: Mutex::new(Vec::new()),
+            dummy,
+            lost,
+            owns_device,
+            uncaptured,
+        })
+    }
+
+    /// Vocabulary entries per block for a vocabulary of `vocab` (a multiple of 4, and few enough
+    /// blocks for one dispatch dimension).
+    pub fn block_len_for(&self, vocab: u32) -> u32 {
+        let max_blocks = self.device.limits().max_compute_workgroups_per_dimension.max(1);
+        let min_len = vocab.div_ceil(max_blocks).next_multiple_of(4);
+        self.block_len.max(min_len)
+    }
+
+    fn pipeline(&self, kernel: Kernel, entry: &'static str) -> &wgpu::ComputePipeline {
+        &self.pipelines[&PipelineKey { kernel, entry, wg: self.wg }]
+    }
+
+    fn check_alive(&self) -> Result<(), Error> {
+        if let Some(reason) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(Error::DeviceLost { detail: reason });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_workspace(&self) -> Workspace {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_else(Workspace::new)
+    }
+
+    pub(crate) fn give_back(&self, ws: Workspace) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: a burst of concurrent calls must not keep its buffers forever.
+        if pool.len() < 4 {
+            pool.push(ws);
+        }
+    }
+
+    /// Uploads host slices into the workspace's upload buffers (pooled), for the host-slice API.
+    pub(crate) fn upload(&self, ws: &mut Workspace, target: &[f32], draft: Option<&[f32]>) -> Result<(), Error> {
+        let max = self.device.limits().max_buffer_size;
+        let bytes = std::mem::size_of_val(target) as u64;
+        if bytes > max {
+            return Err(Error::BatchTooLarge {
+                reason: format!(
+                    "{bytes} bytes of target logits exceed this device's max_buffer_size {max}; \
+                     split the batch"
+                ),
+            });
+        }
+        let buf = ws.upload_target.ensure(&self.device, bytes);
+        self.queue.write_buffer(buf, 0, bytemuck::cast_slice(target));
+        if let Some(d) = draft {
+            let buf = ws.upload_draft.ensure(&self.device, std::mem::size_of_val(d) as u64);
+            self.queue.write_buffer(buf, 0, bytemuck::cast_slice(d));
+        }
+        Ok(())
+    }
+
+    /// Records the whole verification of `plan` over `target` / `draft` into `encoder`, leaving
+    /// the packed output in `ws.out` and a copy queued into `ws.readback`.
+    pub(crate) fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        ws: &mut Workspace,
+        plan: &Plan,
+        target: GpuRows<'_>,
+        draft: Option<GpuRows<'_>>,
+    ) -> Result<(), Error> {
+        self.check_alive()?;
+        let v = u64::from(plan.vocab);
+        let dv = u64::from(plan.draft_vocab);
+        let row_bytes = v * 4;
+        let limits = self.device.limits();
+        let align = u64::from(limits.min_storage_buffer_offset_alignment);
+        // Host checks of the caller's buffers, before anything is recorded.
+        for (what, rows, vocab, b) in [("target logits", plan.total_rows, v, Some(target)), ("draft", plan.total_drafts, dv, draft)] {
+            if let Some(b) = b {
+                if b.offset % 4 != 0 {
+                    return Err(Error::MisalignedOffset { what, offset: b.offset });
+                }
+                let needed = b.offset + rows as u64 * vocab * 4;
+                if needed > b.buffer.size() {
+                    return Err(Error::BufferTooSmall { what, needed, size: b.buffer.size() });
+                }
+            }
+        }
+        if row_bytes + align > self.max_binding {
+            return Err(Error::RowTooLarge { row_bytes, max_binding: self.max_binding });
+        }
+        let max_dim = limits.max_compute_workgroups_per_dimension as usize;
+        let max_rows = (((self.max_binding - align) / row_bytes) as usize).min(max_dim);
+        let n = plan.num_requests();
+        if plan.total_rows.div_ceil(self.wg as usize) > max_dim || n.div_ceil(self.wg as usize) > max_dim {
+            return Err(Error::BatchTooLarge {
+                reason: format!("{} rows exceed one dispatch of this device", plan.total_rows),
+            });
+        }
+        let windows = plan_windows(plan, max_rows);
+        let block_len = self.block_len_for(plan.vocab);
+        let num_blocks = plan.vocab.div_ceil(block_len);
+
+        // Metadata and scratch buffers.
+        let dev = &self.device;
+        let slot_size = PARAM_SLOT.max(u64::from(limits.min_uniform_buffer_offset_alignment));
+        ws.params.ensure(dev, slot_size * windows.len().max(1) as u64);
+        ws.requests.ensure(dev, (n * 64) as u64);
+        ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
+        ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
+        ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
+        ws.block_stats.ensure(dev, plan.total_rows as u64 * u64::from(num_blocks) * 32);
+        ws.row_stats.ensure(dev, (plan.total_rows * 32) as u64);
+        ws.tasks.ensure(dev, (n * 16) as u64);
+        ws.candidates.ensure(dev, n as u64 * u64::from(num_blocks) * 16);
+        let out_words = n * plan.out_stride + 2 * n;
+        ws.out.ensure(dev, (out_words * 4) as u64);
+        ws.readback.ensure(dev, (out_words * 4) as u64);
+
+        let base = Params {
+            vocab: plan.vocab,
+            draft_vocab: plan.draft_vocab,
+            block_len,
+            num_blocks,
+            draft_kind: plan.draft_kind,
+            num_requests: n as u32,
+            out_stride: plan.out_stride as u32,
+            total_rows: plan.total_rows as u32,
+            ..Params::default()
+        };
+        let mut slots = vec![0u8; (slot_size as usize) * windows.len().max(1)];
+        let mut bindings = Vec::with_capacity(windows.len());
+        for (i, w) in windows.iter().enumerate() {
+            let (t_range, t_base) = window_range(target, w.row_begin, w.row_end, row_bytes, align);
+            let (d_range, d_base) = match draft {
+                Some(d) if w.d_row_end > w.d_row_begin => {
+                    let (r, b) = window_range(d, w.d_row_begin, w.d_row_end, dv * 4, align);
+                    (Some((d.buffer, r)), b)
+                }
+                _ => (None, 0),
+            };
+            let p = Params {
+                row_begin: w.row_begin as u32,
+                row_count: (w.row_end - w.row_begin) as u32,
+                t_elem_base: t_base,
+                d_row_begin: w.d_row_begin as u32,
+                d_elem_base: d_base,
+                req_begin: w.req_begin as u32,
+                req_count: (w.req_end - w.req_begin) as u32,
+                ..base
+            };
+            let at = i * slot_size as usize;
+            slots[at..at + 64].copy_from_slice(bytemuck::bytes_of(&p));
+            bindings.push((t_range, d_range));
+        }
+        if windows.is_empty() {
+            slots[..64].copy_from_slice(bytemuck::bytes_of(&base));
+        }
+        let q = &self.queue;
+        q.write_buffer(ws.params.get(), 0, &slots);
+        q.write_buffer(ws.requests.get(), 0, bytemuck::cast_slice(&plan.reqs));
+        q.write_buffer(ws.row_info.get(), 0, bytemuck::cast_slice(&plan.row_info));
+        q.write_buffer(ws.draft_ids.get(), 0, bytemuck::cast_slice(&plan.draft_ids));
+        q.write_buffer(ws.rates.get(), 0, bytemuck::cast_slice(&plan.rates));
+
+        let ws = &*ws;
+        scoped(dev, || {
+            let params_entry = wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: ws.params.get(),
+                    offset: 0,
+                    size: std::num::NonZeroU64::new(64),
+                }),
+            };
+            let mut stats_groups = Vec::new();
+            let mut residual_groups = Vec::new();
+            for (t_range, d_range) in &bindings {
+                let t = ranged(1, target.buffer, t_range.0, t_range.1);
+                let d = match d_range {
+                    Some((buf, (off, size))) => ranged(2, buf, *off, *size),
+                    None => entry(2, &self.dummy),
+                };
+                stats_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.row_stats"),
+                    layout: &self.layouts[&Kernel::RowStats],
+                    entries: &[
+                        params_entry.clone(),
+                        t.clone(),
+                        d.clone(),
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_info.get()),
+                        entry(5, ws.block_stats.get()),
+                        entry(6, ws.row_stats.get()),
+                    ],
+                }));
+                residual_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.residual_argmax"),
+                    layout: &self.layouts[&Kernel::ResidualArgmax],
+                    entries: &[
+                        params_entry.clone(),
+                        t,
+                        d,
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_stats.get()),
+                        entry(5, ws.tasks.get()),
+                        entry(6, ws.candidates.get()),
+                        entry(7, ws.out.get()),
+                    ],
+                }));
+            }
+            let verify_group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("specdec.verify"),
+                layout: &self.layouts[&Kernel::Verify],
+                entries: &[
+                    params_entry.clone(),
+                    entry(1, ws.requests.get()),
+                    entry(2, ws.row_stats.get()),
+                    entry(3, ws.draft_ids.get()),
+                    entry(4, ws.rates.get()),
+                    entry(5, ws.tasks.get()),
+                    entry(6, ws.out.get()),
+                ],
+            });
+            let wg = self.wg as usize;
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("specdec.verify_pass"),
+                    timestamp_writes: None,
+                });
+                if !windows.is_empty() {
+                    pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
+                    for (i, w) in windows.iter().enumerate() {
+                        pass.set_bind_group(0, &stats_groups[i], &[(i as u64 * slot_size) as u32]);
+                        pass.dispatch_workgroups(num_blocks, (w.row_end - w.row_begin) as u32, 1);
+                    }
+                    pass.set_pipeline(self.pipeline(Kernel::RowStats, "merge"));
+                    pass.set_bind_group(0, &stats_groups[0], &[0]);
+                    pass.dispatch_workgroups(plan.total_rows.div_ceil(wg) as u32, 1, 1);
+                    pass.set_pipeline(self.pipeline(Kernel::Verify, "main"));
+                    pass.set_bind_group(0, &verify_group, &[0]);
+                    pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
+                    pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
+                    for (i, w) in windows.iter().enumerate() {
+                        pass.set_bind_group(0, &residual_groups[i], &[(i as u64 * slot_size) as u32]);
+                        pass.dispatch_workgroups(num_blocks, (w.req_end - w.req_begin) as u32, 1);
+                    }
+                    pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
+                    pass.set_bind_group(0, &residual_groups[0], &[0]);
+                    pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
+                }
+            }
+            encoder.copy_buffer_to_buffer(ws.out.get(), 0, ws.readback.get(), 0, (out_words * 4) as u64);
+        })
+    }
+
+    /// Starts mapping the readback of a recorded verification; the returned flag is set by
+    /// wgpu's callback once the copy has landed.
+    pub(crate) fn start_map(&self, ws: &Workspace, words: usize) -> MapFlag {
+        let flag: MapFlag = Arc::new(Mutex::new(None));
+        if words > 0 {
+            let flag_c = flag.clone();
+            ws.readback
+                .get()
+                .slice(..(words * 4) as u64)
+                .map_async(wgpu::MapMode::Read, move |r| {
+                    *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                });
+        } else {
+            *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
+        }
+        flag
+    }
+
+    /// Blocks until `submission` is done (bounded by the timeout).
+    pub(crate) fn wait(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), Error> {
+        match self.device.poll(wgpu::PollType::Wait {
+            submission_index: submission,
+            timeout: Some(self.timeout),
+        }) {
+            Ok(_) => self.check_alive(),
+            Err(wgpu::PollError::Timeout) => Err(Error::Timeout { waited: self.timeout }),
+            Err(e) => {
+                self.check_alive()?;
+                Err(Error::Gpu { detail: e.to_string() })
+            }
+        }
+    }
+
+    /// One non-blocking poll, for the async path.
+    pub(crate) fn poll_once(&self) -> Result<(), Error> {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.check_alive()
+    }
+
+    /// The call's timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Copies the mapped readback out once `flag` is set. `Ok(None)` while still pending.
+    pub(crate) fn collect(&self, ws: &Workspace, words: usize, flag: &MapFlag) -> Result<Option<VerifyWords>, Error> {
+        let state = flag.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match state {
+            None => return Ok(None),
+            Some(Err(e)) => {
+                self.check_alive()?;
+                return Err(Error::Gpu { detail: format!("readback failed: {e}") });
+            }
+            Some(Ok(())) => {}
+        }
+        if words == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let slice = ws.readback.get().slice(..(words * 4) as u64);
+        let out = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu { detail: format!("readback mapping: {e}") })?;
+            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+        };
+        ws.readback.get().unmap();
+        if self.owns_device && self.uncaptured.swap(false, Ordering::SeqCst) {
+            return Err(Error::Gpu {
+                detail: "an uncaptured wgpu error was reported during the call".into(),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The output buffer of a workspace (packed words) — for callers that keep results on the GPU.
+    pub(crate) fn output_buffer(ws: &Workspace) -> &wgpu::Buffer {
+        ws.out.get()
+    }
+
+    /// Uploads a host-slice batch and records it into a fresh encoder; returns the submission.
+    pub(crate) fn submit_host(&self, ws: &mut Workspace, plan: &Plan, target: &[f32], draft: Option<&[f32]>) -> Result<wgpu::SubmissionIndex, Error> {
+        self.upload(ws, target, draft)?;
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("specdec.verify"),
+        });
+        // wgpu buffers are reference-counted handles: clones let `record` borrow the workspace
+        // mutably while reading from its upload buffers.
+        let t_buf = ws.upload_target.get().clone();
+        let d_buf = draft.map(|_| ws.upload_draft.get().clone());
+        let t = GpuRows { buffer: &t_buf, offset: 0 };
+        let d = d_buf.as_ref().map(|b| GpuRows { buffer: b, offset: 0 });
+        self.record(&mut encoder, ws, plan, t, d)?;
+        scoped(&self.device, || self.queue.submit([encoder.finish()]))
+    }
+
+    /// Runs the rng_check kernel: for each counter (quad, pos_lo, stream, pos_hi) under `seed`,
+    /// 12 words: Philox words, uniform bits, Exp(1) bits.
+    pub(crate) fn rng_check(&self, seed: u64, counters: &[[u32; 4]]) -> Result<Vec<u32>, Error> {
+        use wgpu::util::DeviceExt;
+        let dev = &self.device;
+        let req = ReqInfo { seed_lo: seed as u32, seed_hi: (seed >> 32) as u32, ..ReqInfo::default() };
+        let bytes = (counters.len() * 48) as u64;
+        let counters_buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("specdec.rng_check.counters"),
+            contents: bytemuck::cast_slice(counters),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let req_buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("specdec.rng_check.key"),
+            contents: bytemuck::bytes_of(&req),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let out = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("specdec.rng_check.out"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("specdec.rng_check.read"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let index = scoped(dev, || {
+            let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("specdec.rng_check"),
+                layout: &self.layouts[&Kernel::RngCheck],
+                entries: &[
+                    wgpu::BindGroupEntry { binding: 0, resource: counters_buf.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 1, resource: req_buf.as_entire_binding() },
+                    wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() },
+                ],
+            });
+            let mut encoder = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("specdec.rng_check") });
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                pass.set_pipeline(self.pipeline(Kernel::RngCheck, "main"));
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(counters.len().div_ceil(self.wg as usize) as u32, 1, 1);
+            }
+            encoder.copy_buffer_to_buffer(&out, 0, &read, 0, bytes);
+            self.queue.submit([encoder.finish()])
+        })?;
+        let slice = read.slice(..);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(self.timeout) })
+            .map_err(|_| Error::Timeout { waited: self.timeout })?;
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::Gpu { detail: format!("readback mapping: {e}") })?;
+        let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
+        Ok(words)
+    }
+}
+
+fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }
+}
+
+fn ranged(binding: u32, buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset,
+            size: std::num::NonZeroU64::new(size),
+        }),
+    }
+}
+
+/// Packed output words `[tokens | num_emitted | status]`.
+pub(crate) type VerifyWords = Vec<u32>;
+
+/// Set by the map callback: `Some(result)` once the readback is mapped (or failed).
+pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>;
+
+/// The binding range (offset, size) of rows `[begin, end)` of `rows` and the element index of
+/// row `begin` inside it: the offset is rounded down to the storage offset alignment.
+fn window_range(rows: GpuRows<'_>, begin: usize, end: usize, row_bytes: u64, align: u64) -> ((u64, u64), u32) {
+    let start = rows.offset + begin as u64 * row_bytes;
+    let stop = rows.offset + end as u64 * row_bytes;
+    let aligned = start - start % align;
+    ((aligned, stop - aligned), ((start - aligned) / 4) as u32)
+}

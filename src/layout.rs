@@ -1,0 +1,197 @@
+//! Byte layouts shared with the shaders (`shaders/common.wgsl`). Every struct is `#[repr(C)]`,
+//! made of 4-byte scalars and a multiple of 16 bytes, so WGSL adds no hidden padding; the test
+//! `tests/shaders.rs` checks each size and field offset against what naga reports.
+
+use bytemuck::{Pod, Zeroable};
+
+/// How the draft distribution is given (`Params::draft_kind`).
+pub const DRAFT_NONE: u32 = 0;
+/// Draft probabilities `q`, one row per draft.
+pub const DRAFT_PROBS: u32 = 1;
+/// Draft logits, turned into `q` with the request's temperature.
+pub const DRAFT_LOGITS: u32 = 2;
+
+/// `ReqInfo::flags`: temperature 0, argmax verification.
+pub const REQ_GREEDY: u32 = 1;
+/// `ReqInfo::flags`: synthetic acceptance with per-position rates.
+pub const REQ_SYNTHETIC: u32 = 2;
+/// `ReqInfo::flags`: deliberate fault for negative controls: reject every draft, sample from p.
+pub const REQ_FAULT_REJECT_ALL: u32 = 256;
+/// `ReqInfo::flags`: deliberate fault for negative controls: residual noise from the accept stream.
+pub const REQ_FAULT_SHARED_NOISE: u32 = 512;
+
+/// `RowStats::flags`: a NaN target logit.
+pub const ROW_T_NAN: u32 = 1;
+/// `RowStats::flags`: a +inf target logit.
+pub const ROW_T_POSINF: u32 = 2;
+/// `RowStats::flags`: a NaN draft logit.
+pub const ROW_Q_NAN: u32 = 4;
+/// `RowStats::flags`: a +inf draft logit.
+pub const ROW_Q_POSINF: u32 = 8;
+
+/// `Task::kind`: nothing left to sample.
+pub const TASK_NONE: u32 = 0;
+/// `Task::kind`: sample from p (bonus row, or a rejected row with no usable q).
+pub const TASK_FROM_TARGET: u32 = 1;
+/// `Task::kind`: sample from p without the drafted token (one-hot drafts).
+pub const TASK_ONE_HOT_RESIDUAL: u32 = 2;
+/// `Task::kind`: sample from max(p − q, 0).
+pub const TASK_DRAFT_RESIDUAL: u32 = 3;
+
+/// Marks "no index" in argmax state.
+pub const NO_INDEX: u32 = u32::MAX;
+
+/// Per-dispatch parameters (`struct Params`, 64 bytes), one 256-byte uniform slot per dispatch.
+///
+/// ```text
+///  0 vocab        4 draft_vocab   8 block_len     12 num_blocks
+/// 16 row_begin   20 row_count    24 t_elem_base   28 d_row_begin
+/// 32 d_elem_base 36 draft_kind   40 req_begin     44 req_count
+/// 48 num_requests 52 out_stride  56 total_rows    60 _pad
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Params {
+    /// V: columns of a target row.
+    pub vocab: u32,
+    /// Columns of a draft row.
+    pub draft_vocab: u32,
+    /// Vocabulary entries per workgroup.
+    pub block_len: u32,
+    /// ceil(V / block_len).
+    pub num_blocks: u32,
+    /// First global target row of the window.
+    pub row_begin: u32,
+    /// Target rows in the window.
+    pub row_count: u32,
+    /// Element index, inside the target binding, of row_begin's first logit.
+    pub t_elem_base: u32,
+    /// First global draft row of the window.
+    pub d_row_begin: u32,
+    /// Element index, inside the draft binding, of d_row_begin's first value.
+    pub d_elem_base: u32,
+    /// `DRAFT_*`.
+    pub draft_kind: u32,
+    /// First request overlapping the window.
+    pub req_begin: u32,
+    /// Requests overlapping the window.
+    pub req_count: u32,
+    /// R, the whole batch.
+    pub num_requests: u32,
+    /// K_max + 1.
+    pub out_stride: u32,
+    /// Σ (k_r + 1).
+    pub total_rows: u32,
+    /// Padding to 64 bytes.
+    pub _pad: u32,
+}
+
+/// Per-request metadata (`struct ReqInfo`, 64 bytes).
+///
+/// ```text
+///  0 row_offset   4 draft_offset   8 num_drafts  12 flags
+/// 16 inv_temperature 20 seed_lo   24 seed_hi     28 pos_lo
+/// 32 pos_hi      36 out_offset    40..64 padding
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct ReqInfo {
+    /// First global target row.
+    pub row_offset: u32,
+    /// First global draft row (= index of its first draft id and rate).
+    pub draft_offset: u32,
+    /// k_r.
+    pub num_drafts: u32,
+    /// `REQ_*` bits.
+    pub flags: u32,
+    /// 1 / T (0 for greedy).
+    pub inv_temperature: f32,
+    /// Seed, low word.
+    pub seed_lo: u32,
+    /// Seed, high word.
+    pub seed_hi: u32,
+    /// Position of the first draft, low word.
+    pub pos_lo: u32,
+    /// Position of the first draft, high word.
+    pub pos_hi: u32,
+    /// r × out_stride.
+    pub out_offset: u32,
+    /// Padding to 64 bytes.
+    pub _pad: [u32; 6],
+}
+
+impl ReqInfo {
+    /// The 64-bit seed.
+    pub fn seed(&self) -> u64 {
+        u64::from(self.seed_lo) | (u64::from(self.seed_hi) << 32)
+    }
+    /// The 64-bit position of the first draft.
+    pub fn position(&self) -> u64 {
+        u64::from(self.pos_lo) | (u64::from(self.pos_hi) << 32)
+    }
+}
+
+/// Statistics of one row or one (row, vocab block) (`struct RowStats`, 32 bytes).
+///
+/// ```text
+///  0 t_max  4 t_sum  8 t_arg  12 flags  16 t_at_d  20 q_max  24 q_sum  28 q_at_d
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct RowStats {
+    /// Max target logit (NaN counts as −inf).
+    pub t_max: f32,
+    /// Σ exp((l − t_max) / T) (unused for greedy rows).
+    pub t_sum: f32,
+    /// Lowest index of the max.
+    pub t_arg: u32,
+    /// `ROW_*` bits.
+    pub flags: u32,
+    /// Target logit at the drafted token (0 outside its block).
+    pub t_at_d: f32,
+    /// Max draft logit.
+    pub q_max: f32,
+    /// Σ exp((q − q_max) / T).
+    pub q_sum: f32,
+    /// Draft value (probability or logit) at the drafted token.
+    pub q_at_d: f32,
+}
+
+/// What the residual pass samples for one request (`struct Task`, 16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Task {
+    /// `TASK_*`.
+    pub kind: u32,
+    /// Row within the request (0..=k).
+    pub local_row: u32,
+    /// Drafted token at that row, −1 for the bonus row or an invalid draft.
+    pub draft_token: i32,
+    /// Index in the token output of the slot to fill.
+    pub slot: u32,
+}
+
+/// Best residual candidate of one (request, vocab block) (`struct Candidate`, 16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct Candidate {
+    /// Best r(y)/e(y) (0 when the residual has no mass in the block).
+    pub r_key: f32,
+    /// Its index, `NO_INDEX` if none.
+    pub r_idx: u32,
+    /// Best p(y)/e(y), the fallback for an empty residual.
+    pub p_key: f32,
+    /// Its index, `NO_INDEX` if none.
+    pub p_idx: u32,
+}
+
+impl Default for Candidate {
+    fn default() -> Self {
+        Candidate {
+            r_key: 0.0,
+            r_idx: NO_INDEX,
+            p_key: 0.0,
+            p_idx: NO_INDEX,
+        }
+    }
+}

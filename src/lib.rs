@@ -1,0 +1,48 @@
+//! # specdec
+//!
+//! The verification step of speculative decoding on any GPU through wgpu (Vulkan, Metal, DX12,
+//! OpenGL), with WGSL compute kernels and a CPU twin of every kernel.
+//!
+//! A [`Verifier`] takes a batch of requests, each with `k` draft tokens and the `k + 1` rows of
+//! target logits that scored them, and decides per request how many drafts to keep and which
+//! token to emit next, so that the emitted text is distributed exactly as if the target had
+//! sampled it token by token (greedy, rejection sampling with draft probabilities, draft logits or
+//! one-hot drafts, synthetic rates). See `SPEC.md` of the project for the formulas and README.md
+//! for the API tour.
+//!
+//! ```no_run
+//! use specdec::{Draft, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+//! let verifier = Verifier::new(VerifierOptions::default())
+//!     .unwrap_or_else(|_| Verifier::cpu(VerifierOptions::default()));
+//! let vocab = 8;
+//! let requests = [Request { num_drafts: 2, params: SamplingParams::seeded(1.0, 42), position: 17 }];
+//! let logits = vec![0.0f32; 3 * vocab];
+//! let out = verifier
+//!     .verify_blocking(&VerifyBatch {
+//!         vocab_size: vocab as u32,
+//!         requests: &requests,
+//!         draft_token_ids: &[3, 5],
+//!         target_logits: &logits,
+//!         draft: Draft::OneHot,
+//!         synthetic_rates: None,
+//!     })
+//!     .unwrap();
+//! println!("emitted {:?}", out.emitted(0));
+//! ```
+
+#![warn(missing_docs)]
+
+mod batch;
+mod cpu;
+mod error;
+mod gpu;
+pub mod layout;
+pub mod rng;
+pub mod shaders;
+pub mod stats;
+mod verifier;
+
+pub use batch::{Draft, Fault, Request, Rule, SamplingParams, Status, VerifyBatch, VerifyOutput, MAX_DRAFTS_PER_REQUEST};
+pub use error::Error;
+pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows};
+pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};

@@ -1,0 +1,400 @@
+//! `Verifier`: the one entry point. Built once per device; verifies batches from host slices or
+//! records into the caller's command encoder over the caller's GPU buffers.
+
+use crate::batch::{check_rows, Draft, Fault, Plan, Request, Shape, VerifyBatch, VerifyOutput};
+use crate::cpu::{self, TwinShape};
+use crate::error::Error;
+use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Workspace};
+use crate::layout::{DRAFT_LOGITS, DRAFT_NONE, DRAFT_PROBS};
+use rand_pcg::rand_core::{Rng, SeedableRng};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// Options of a [`Verifier`]. `Default` is right for almost everyone.
+#[derive(Clone, Debug)]
+pub struct VerifierOptions {
+    /// Vocabulary entries each workgroup (and each CPU block) reduces; a multiple of 4.
+    /// Default 4096. Raised automatically when a vocabulary would need more workgroups than one
+    /// dispatch dimension allows.
+    pub block_len: u32,
+    /// Invocations per workgroup; default 256, lowered to a power of two within the device's
+    /// limits.
+    pub workgroup_size: Option<u32>,
+    /// Cap on the bytes one storage binding may cover, below the device's
+    /// `max_storage_buffer_binding_size` (None = the device's). Larger batches are split into
+    /// row windows; results do not change. Mostly for tests of that chunking.
+    pub max_binding_bytes: Option<u64>,
+    /// How long a call waits for the GPU before returning [`Error::Timeout`]. Default 60 s.
+    pub timeout: Duration,
+    /// Threads of the CPU backend; default: the machine's available parallelism.
+    pub cpu_threads: Option<usize>,
+    /// Seed of the generator that draws seeds for requests with `seed: None`; default from the
+    /// clock (calls with `None` seeds then differ run to run, as they should).
+    pub seed_source: Option<u64>,
+    #[doc(hidden)]
+    /// Deliberately wrong sampler, only for the negative controls of statistical tests.
+    pub fault: Fault,
+}
+
+impl Default for VerifierOptions {
+    fn default() -> Self {
+        VerifierOptions {
+            block_len: 4096,
+            workgroup_size: None,
+            max_binding_bytes: None,
+            timeout: Duration::from_secs(60),
+            cpu_threads: None,
+            seed_source: None,
+            fault: Fault::None,
+        }
+    }
+}
+
+enum Backend {
+    Cpu(TwinShape),
+    Gpu(Box<GpuBackend>),
+}
+
+/// Verifies batches of speculative drafts (SPEC §3) on a GPU through wgpu, or on the CPU twin.
+///
+/// `Verifier` is `Send + Sync`: one instance may serve several threads at once. What is shared is
+/// the device, the pipelines (built once) and a small pool of work buffers; each call takes its
+/// own buffers from the pool, so concurrent calls do not wait for one another on the host.
+pub struct Verifier {
+    backend: Backend,
+    opts: VerifierOptions,
+    seeds: Mutex<rand_pcg::Pcg64>,
+}
+
+/// A batch whose logits already live in GPU buffers of the verifier's device.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuVerifyBatch<'a> {
+    /// Vocabulary size `V`.
+    pub vocab_size: u32,
+    /// The requests, in output order.
+    pub requests: &'a [Request],
+    /// Σ num_drafts draft ids (host memory; uploaded with the call's metadata).
+    pub draft_token_ids: &'a [i32],
+    /// Σ (num_drafts + 1) rows × V f32 target logits, starting at the given byte offset.
+    pub target_logits: GpuRows<'a>,
+    /// The draft distribution.
+    pub draft: GpuDraft<'a>,
+    /// Conditional acceptance rates for synthetic requests (see [`VerifyBatch::synthetic_rates`]).
+    pub synthetic_rates: Option<&'a [f32]>,
+}
+
+/// A verification recorded into a command encoder. Submit the encoder, then pass this to
+/// [`Verifier::read_blocking`] (or [`Verifier::read`]) for the host copy, or use
+/// [`PendingVerify::output_buffer`] directly on the GPU.
+pub struct PendingVerify {
+    ws: Workspace,
+    plan: Plan,
+}
+
+impl PendingVerify {
+    /// The GPU buffer holding the packed result: `R × stride` i32 tokens, then `R` u32
+    /// num_emitted, then `R` u32 status words (see [`PendingVerify::layout`]).
+    pub fn output_buffer(&self) -> &wgpu::Buffer {
+        GpuBackend::output_buffer(&self.ws)
+    }
+    /// `(num_requests, stride)` of the packed result: tokens at word 0, num_emitted at word
+    /// `R·stride`, status at `R·stride + R`.
+    pub fn layout(&self) -> (usize, usize) {
+        (self.plan.num_requests(), self.plan.out_stride)
+    }
+}
+
+impl Verifier {
+    /// A GPU verifier on the adapter chosen by [`gpu::select_adapter`] (honours `WGPU_BACKEND`
+    /// and `WGPU_ADAPTER_NAME`), with limits negotiated within what the adapter offers.
+    pub fn new(opts: VerifierOptions) -> Result<Verifier, Error> {
+        check_options(&opts)?;
+        let adapter = gpu::select_adapter()?;
+        let limits = gpu::required_limits(&adapter.limits())?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("specdec"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits,
+            ..Default::default()
+        }))
+        .map_err(|e| Error::RequestDevice { detail: e.to_string() })?;
+        let backend = GpuBackend::new(device, queue, adapter.get_info(), &opts, true)?;
+        Ok(Self::build(Backend::Gpu(Box::new(backend)), opts))
+    }
+
+    /// A GPU verifier on a device the app already has (the usual case: its model runs there).
+    /// The device must allow 7 storage buffers per shader stage. The app's error handlers are
+    /// left alone; every call of ours runs inside error scopes.
+    pub fn with_device(device: wgpu::Device, queue: wgpu::Queue, opts: VerifierOptions) -> Result<Verifier, Error> {
+        check_options(&opts)?;
+        let info = device.adapter_info();
+        let backend = GpuBackend::new(device, queue, info, &opts, false)?;
+        Ok(Self::build(Backend::Gpu(Box::new(backend)), opts))
+    }
+
+    /// A verifier on the CPU twin of the kernels: for machines without a GPU driver, and the
+    /// oracle of the GPU tests.
+    pub fn cpu(opts: VerifierOptions) -> Verifier {
+        let threads = opts
+            .cpu_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let shape = TwinShape {
+            block_len: opts.block_len.max(4) as usize,
+            wg: opts.workgroup_size.unwrap_or(256).clamp(1, 256).next_power_of_two() as usize,
+            threads,
+        };
+        Self::build(Backend::Cpu(shape), opts)
+    }
+
+    fn build(backend: Backend, opts: VerifierOptions) -> Verifier {
+        let seed = opts.seed_source.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (std::process::id() as u64).rotate_left(32)
+        });
+        Verifier {
+            backend,
+            opts,
+            seeds: Mutex::new(rand_pcg::Pcg64::seed_from_u64(seed)),
+        }
+    }
+
+    /// True when this verifier runs on a GPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.backend, Backend::Gpu(_))
+    }
+
+    /// The adapter of a GPU verifier.
+    pub fn adapter_info(&self) -> Option<&wgpu::AdapterInfo> {
+        match &self.backend {
+            Backend::Gpu(g) => Some(&g.info),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    /// The device and queue of a GPU verifier (to create buffers for the GPU-resident path).
+    pub fn device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
+        match &self.backend {
+            Backend::Gpu(g) => Some((&g.device, &g.queue)),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    /// One line saying where verification runs, e.g. `GPU: llvmpipe (LLVM 15.0.6, 256 bits)
+    /// (Vulkan, Cpu)` or `CPU backend (2 threads)`.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Gpu(g) => format!("GPU: {} ({:?}, {:?})", g.info.name, g.info.backend, g.info.device_type),
+            Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),
+        }
+    }
+
+    /// The options this verifier was built with.
+    pub fn options(&self) -> &VerifierOptions {
+        &self.opts
+    }
+
+    fn plan(&self, shape: &Shape<'_>) -> Result<Plan, Error> {
+        let mut rng = self.seeds.lock().unwrap_or_else(|p| p.into_inner());
+        Plan::new(shape, self.opts.fault, || rng.next_u64())
+    }
+
+    fn host_plan<'b>(&self, batch: &VerifyBatch<'b>) -> Result<(Plan, Option<&'b [f32]>), Error> {
+        let (kind, draft) = match batch.draft {
+            Draft::OneHot => (DRAFT_NONE, None),
+            Draft::Probs(d) => (DRAFT_PROBS, Some(d)),
+            Draft::Logits(d) => (DRAFT_LOGITS, Some(d)),
+        };
+        let plan = self.plan(&Shape {
+            vocab: batch.vocab_size,
+            requests: batch.requests,
+            draft_ids: batch.draft_token_ids,
+            draft_kind: kind,
+            rates: batch.synthetic_rates,
+        })?;
+        check_rows(batch.target_logits.len(), plan.total_rows, plan.vocab, false)?;
+        if let Some(d) = draft {
+            check_rows(d.len(), plan.total_drafts, plan.draft_vocab, true)?;
+        }
+        Ok((plan, draft))
+    }
+
+    /// Verifies a batch held in host memory; blocks until the result is back.
+    /// On a GPU: one upload, one submission, one readback.
+    pub fn verify_blocking(&self, batch: &VerifyBatch<'_>) -> Result<VerifyOutput, Error> {
+        let (plan, draft) = self.host_plan(batch)?;
+        match &self.backend {
+            Backend::Cpu(shape) => Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape))),
+            Backend::Gpu(g) => {
+                if plan.num_requests() == 0 {
+                    return Ok(plan.decode_output(&[]));
+                }
+                let mut ws = g.take_workspace();
+                let result = (|| {
+                    let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
+                    let words = out_words(&plan);
+                    let flag = g.start_map(&ws, words);
+                    g.wait(Some(index))?;
+                    let w = g
+                        .collect(&ws, words, &flag)?
+                        .ok_or(Error::Timeout { waited: g.timeout() })?;
+                    Ok(plan.decode_output(&w))
+                })();
+                g.give_back(ws);
+                result
+            }
+        }
+    }
+
+    /// Verifies a batch held in host memory without blocking the executor: the GPU is polled
+    /// each time the future is polled (wgpu makes progress only when polled on native), and the
+    /// future yields in between. The CPU backend computes in place.
+    pub async fn verify(&self, batch: &VerifyBatch<'_>) -> Result<VerifyOutput, Error> {
+        let (plan, draft) = self.host_plan(batch)?;
+        match &self.backend {
+            Backend::Cpu(shape) => Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape))),
+            Backend::Gpu(g) => {
+                if plan.num_requests() == 0 {
+                    return Ok(plan.decode_output(&[]));
+                }
+                let mut ws = g.take_workspace();
+                let submitted = g.submit_host(&mut ws, &plan, batch.target_logits, draft);
+                let result = match submitted {
+                    Ok(_) => {
+                        let words = out_words(&plan);
+                        let flag = g.start_map(&ws, words);
+                        ReadFuture { g, ws: &ws, words, flag, start: Instant::now() }
+                            .await
+                            .map(|w| plan.decode_output(&w))
+                    }
+                    Err(e) => Err(e),
+                };
+                g.give_back(ws);
+                result
+            }
+        }
+    }
+
+    /// Records the whole verification into `encoder`, reading the caller's logits buffers in
+    /// place (one storage binding per row window; offsets are byte offsets, multiples of 4).
+    /// The metadata (requests, draft ids) is written with `queue.write_buffer`, so it lands with
+    /// the next submission. Nothing is submitted here: submit the encoder, then call
+    /// [`Verifier::read_blocking`] / [`Verifier::read`], or consume
+    /// [`PendingVerify::output_buffer`] on the GPU.
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder, batch: &GpuVerifyBatch<'_>) -> Result<PendingVerify, Error> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Err(Error::NotGpu);
+        };
+        let (kind, draft) = match batch.draft {
+            GpuDraft::OneHot => (DRAFT_NONE, None),
+            GpuDraft::Probs(d) => (DRAFT_PROBS, Some(d)),
+            GpuDraft::Logits(d) => (DRAFT_LOGITS, Some(d)),
+        };
+        let plan = self.plan(&Shape {
+            vocab: batch.vocab_size,
+            requests: batch.requests,
+            draft_ids: batch.draft_token_ids,
+            draft_kind: kind,
+            rates: batch.synthetic_rates,
+        })?;
+        let mut ws = g.take_workspace();
+        if plan.num_requests() > 0 {
+            if let Err(e) = g.record(encoder, &mut ws, &plan, batch.target_logits, draft) {
+                g.give_back(ws);
+                return Err(e);
+            }
+        }
+        Ok(PendingVerify { ws, plan })
+    }
+
+    /// Reads back a recorded verification after its encoder was submitted. Blocks (bounded by
+    /// the timeout).
+    pub fn read_blocking(&self, pending: PendingVerify) -> Result<VerifyOutput, Error> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Err(Error::NotGpu);
+        };
+        let PendingVerify { ws, plan } = pending;
+        let words = out_words(&plan);
+        let result = (|| {
+            let flag = g.start_map(&ws, words);
+            g.wait(None)?;
+            let w = g
+                .collect(&ws, words, &flag)?
+                .ok_or(Error::Timeout { waited: g.timeout() })?;
+            Ok(plan.decode_output(&w))
+        })();
+        g.give_back(ws);
+        result
+    }
+
+    /// Async twin of [`Verifier::read_blocking`].
+    pub async fn read(&self, pending: PendingVerify) -> Result<VerifyOutput, Error> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Err(Error::NotGpu);
+        };
+        let PendingVerify { ws, plan } = pending;
+        let words = out_words(&plan);
+        let flag = g.start_map(&ws, words);
+        let result = ReadFuture { g, ws: &ws, words, flag, start: Instant::now() }
+            .await
+            .map(|w| plan.decode_output(&w));
+        g.give_back(ws);
+        result
+    }
+
+    /// Test hook: the rng_check kernel's output for `counters` under `seed` (12 words each: four
+    /// Philox words, the uniform's bits, four Exp(1) bit patterns, padding).
+    #[doc(hidden)]
+    pub fn rng_check(&self, seed: u64, counters: &[[u32; 4]]) -> Result<Vec<u32>, Error> {
+        match &self.backend {
+            Backend::Gpu(g) => g.rng_check(seed, counters),
+            Backend::Cpu(_) => Err(Error::NotGpu),
+        }
+    }
+}
+
+fn out_words(plan: &Plan) -> usize {
+    plan.num_requests() * plan.out_stride + 2 * plan.num_requests()
+}
+
+fn check_options(opts: &VerifierOptions) -> Result<(), Error> {
+    if opts.block_len == 0 || opts.block_len % 4 != 0 {
+        return Err(Error::BatchTooLarge {
+            reason: format!("VerifierOptions::block_len {} must be a positive multiple of 4", opts.block_len),
+        });
+    }
+    Ok(())
+}
+
+/// Polls the device until the readback is mapped, yielding between polls.
+struct ReadFuture<'a> {
+    g: &'a GpuBackend,
+    ws: &'a Workspace,
+    words: usize,
+    flag: MapFlag,
+    start: Instant,
+}
+
+impl Future for ReadFuture<'_> {
+    type Output = Result<Vec<u32>, Error>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Err(e) = self.g.poll_once() {
+            return Poll::Ready(Err(e));
+        }
+        match self.g.collect(self.ws, self.words, &self.flag) {
+            Ok(Some(w)) => Poll::Ready(Ok(w)),
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(None) if self.start.elapsed() > self.g.timeout() => Poll::Ready(Err(Error::Timeout {
+                waited: self.g.timeout(),
+            })),
+            Ok(None) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}

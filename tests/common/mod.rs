@@ -1,0 +1,150 @@
+//! Shared helpers of the integration tests: the GPU verifier (never skipped silently), seeded
+//! input generators, and an owned batch type.
+#![allow(dead_code)]
+
+use rand_pcg::rand_core::{Rng, SeedableRng};
+use specdec::{Draft, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use std::sync::OnceLock;
+
+/// The GPU verifier shared by a test binary. No adapter is a test failure, unless
+/// `SPECDEC_SKIP_GPU=1` is set, in which case the skip is printed and `None` returned.
+pub fn gpu() -> Option<&'static Verifier> {
+    static GPU: OnceLock<Option<Verifier>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        if std::env::var("SPECDEC_SKIP_GPU").as_deref() == Ok("1") {
+            eprintln!("SKIPPED GPU part: SPECDEC_SKIP_GPU=1");
+            return None;
+        }
+        match Verifier::new(VerifierOptions::default()) {
+            Ok(v) => {
+                eprintln!("GPU tests run on {}", v.describe());
+                Some(v)
+            }
+            Err(e) => panic!("GPU tests need an adapter (set SPECDEC_SKIP_GPU=1 to skip explicitly): {e}"),
+        }
+    })
+    .as_ref()
+}
+
+/// A CPU verifier mirroring the GPU's default dispatch shape.
+pub fn cpu() -> Verifier {
+    Verifier::cpu(VerifierOptions::default())
+}
+
+/// A small seeded generator for test inputs.
+pub struct Gen(pub rand_pcg::Pcg64);
+
+impl Gen {
+    pub fn new(seed: u64) -> Self {
+        Gen(rand_pcg::Pcg64::seed_from_u64(seed))
+    }
+    pub fn u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.0.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.unit() * n as f64) as usize % n.max(1)
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.unit().max(1e-300);
+        let u2 = self.unit();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+    /// `n` logits drawn as scale·N(0, 1).
+    pub fn logits(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (scale * self.normal()) as f32).collect()
+    }
+    /// Samples an index from (unnormalised) weights.
+    pub fn sample(&mut self, w: &[f64]) -> usize {
+        let total: f64 = w.iter().sum();
+        let mut u = self.unit() * total;
+        for (i, &x) in w.iter().enumerate() {
+            if u < x {
+                return i;
+            }
+            u -= x;
+        }
+        w.iter().rposition(|&x| x > 0.0).unwrap_or(0)
+    }
+}
+
+/// Softmax of `logits / t` in f64.
+pub fn softmax(logits: &[f32], t: f64) -> Vec<f64> {
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = logits.iter().map(|&l| ((l as f64 - m) / t).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+/// An owned batch.
+#[derive(Clone, Debug)]
+pub struct Owned {
+    pub vocab: u32,
+    pub requests: Vec<Request>,
+    pub drafts: Vec<i32>,
+    pub target: Vec<f32>,
+    pub draft_kind: u8, // 0 one-hot, 1 probs, 2 logits
+    pub draft: Vec<f32>,
+    pub rates: Option<Vec<f32>>,
+}
+
+impl Owned {
+    pub fn batch(&self) -> VerifyBatch<'_> {
+        VerifyBatch {
+            vocab_size: self.vocab,
+            requests: &self.requests,
+            draft_token_ids: &self.drafts,
+            target_logits: &self.target,
+            draft: match self.draft_kind {
+                0 => Draft::OneHot,
+                1 => Draft::Probs(&self.draft),
+                _ => Draft::Logits(&self.draft),
+            },
+            synthetic_rates: self.rates.as_deref(),
+        }
+    }
+
+    /// A random batch like the anchors': logits 2·N(0,1), drafts = argmax w.p. `p_argmax`, else
+    /// uniform; `ks` drafts per request; temperatures from `temps` cycled.
+    pub fn random(g: &mut Gen, vocab: u32, ks: &[u32], temps: &[f32], draft_kind: u8, p_argmax: f64) -> Owned {
+        let v = vocab as usize;
+        let mut requests = Vec::new();
+        let mut drafts = Vec::new();
+        let mut target = Vec::new();
+        let mut draft = Vec::new();
+        for (r, &k) in ks.iter().enumerate() {
+            let t = temps[r % temps.len()];
+            requests.push(Request {
+                num_drafts: k,
+                params: SamplingParams { temperature: t, seed: Some(g.u64()), ..SamplingParams::default() },
+                position: g.u64() % 100_000,
+            });
+            for i in 0..=k {
+                let row = g.logits(v, 2.0);
+                if i < k {
+                    let argmax = row
+                        .iter()
+                        .enumerate()
+                        .fold((0, f32::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b })
+                        .0;
+                    let d = if g.unit() < p_argmax { argmax } else { g.below(v) };
+                    drafts.push(d as i32);
+                    match draft_kind {
+                        1 => {
+                            let dl = g.logits(v, 2.0);
+                            draft.extend(softmax(&dl, 1.0).iter().map(|&x| x as f32));
+                        }
+                        2 => draft.extend(g.logits(v, 2.0)),
+                        _ => {}
+                    }
+                }
+                target.extend(row);
+            }
+        }
+        Owned { vocab, requests, drafts, target, draft_kind, draft, rates: None }
+    }
+}

@@ -1,0 +1,72 @@
+//! Every shader parses and validates with naga (no GPU), and the Rust layouts match the WGSL ones.
+
+use specdec::layout::{Candidate, Params, ReqInfo, RowStats, Task};
+use specdec::shaders::{validate_all, Kernel};
+
+#[test]
+fn every_shader_validates() {
+    let modules = validate_all().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(modules.len(), Kernel::ALL.len());
+    for (kernel, module, _) in &modules {
+        for entry in kernel.entry_points() {
+            assert!(
+                module.entry_points.iter().any(|e| e.name == *entry),
+                "{} has no entry point {entry}",
+                kernel.name()
+            );
+        }
+    }
+}
+
+/// Size and field offsets of a WGSL struct as naga lays it out.
+fn wgsl_layout(name: &str) -> (u32, Vec<(String, u32)>) {
+    let (_, module, _) = validate_all().unwrap().into_iter().next().unwrap();
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    for (handle, ty) in module.types.iter() {
+        if ty.name.as_deref() == Some(name) {
+            if let naga::TypeInner::Struct { members, span } = &ty.inner {
+                let fields = members.iter().map(|m| (m.name.clone().unwrap(), m.offset)).collect();
+                assert_eq!(layouter[handle].size, *span);
+                return (*span, fields);
+            }
+        }
+    }
+    panic!("struct {name} not found in the WGSL");
+}
+
+macro_rules! check_layout {
+    ($ty:ty, $name:literal, [$($field:ident),*]) => {{
+        let (size, fields) = wgsl_layout($name);
+        assert_eq!(size as usize, std::mem::size_of::<$ty>(), "size of {}", $name);
+        let rust: Vec<(&str, usize)> = vec![$((stringify!($field), std::mem::offset_of!($ty, $field))),*];
+        for (wgsl_name, wgsl_off) in &fields {
+            if wgsl_name.starts_with("_pad") {
+                continue;
+            }
+            let (_, off) = rust
+                .iter()
+                .find(|(n, _)| n == wgsl_name)
+                .unwrap_or_else(|| panic!("{}: field {wgsl_name} missing on the Rust side", $name));
+            assert_eq!(*off, *wgsl_off as usize, "{}.{wgsl_name} offset", $name);
+        }
+        assert_eq!(rust.len(), fields.iter().filter(|(n, _)| !n.starts_with("_pad")).count(), "{} field count", $name);
+    }};
+}
+
+#[test]
+fn params_structs_match_wgsl_layout() {
+    check_layout!(
+        Params,
+        "Params",
+        [vocab, draft_vocab, block_len, num_blocks, row_begin, row_count, t_elem_base, d_row_begin, d_elem_base, draft_kind, req_begin, req_count, num_requests, out_stride, total_rows]
+    );
+    check_layout!(
+        ReqInfo,
+        "ReqInfo",
+        [row_offset, draft_offset, num_drafts, flags, inv_temperature, seed_lo, seed_hi, pos_lo, pos_hi, out_offset]
+    );
+    check_layout!(RowStats, "RowStats", [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d]);
+    check_layout!(Task, "Task", [kind, local_row, draft_token, slot]);
+    check_layout!(Candidate, "Candidate", [r_key, r_idx, p_key, p_idx]);
+}
