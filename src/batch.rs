@@ -230,7 +230,11 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Checks the batch and builds its metadata. `draw_seed` supplies seeds for `seed: None`.
-    pub fn new(shape: &Shape<'_>, fault: Fault, mut draw_seed: impl FnMut() -> u64) -> Result<Plan, Error> {
+    pub fn new(
+        shape: &Shape<'_>,
+        fault: Fault,
+        mut draw_seed: impl FnMut() -> u64,
+    ) -> Result<Plan, Error> {
         let vocab = shape.vocab;
         if vocab == 0 || vocab > i32::MAX as u32 {
             return Err(Error::InvalidVocab {
@@ -307,7 +311,9 @@ impl Plan {
                 rates.to_vec()
             }
         };
-        if total_rows > (i32::MAX as usize) || total_rows.saturating_mul(vocab as usize) > u64::MAX as usize {
+        if total_rows > (i32::MAX as usize)
+            || total_rows.saturating_mul(vocab as usize) > u64::MAX as usize
+        {
             return Err(Error::BatchTooLarge {
                 reason: format!("{total_rows} rows exceed 32-bit row indices"),
             });
@@ -333,7 +339,11 @@ impl Plan {
             if req.params.rule == Rule::Synthetic {
                 flags |= REQ_SYNTHETIC;
             }
-            let inv_temperature = if greedy { 0.0 } else { 1.0 / req.params.temperature };
+            let inv_temperature = if greedy {
+                0.0
+            } else {
+                1.0 / req.params.temperature
+            };
             reqs.push(ReqInfo {
                 row_offset: row,
                 draft_offset: drow,
@@ -385,7 +395,10 @@ impl Plan {
         VerifyOutput {
             tokens: words[..n_tok].iter().map(|&w| w as i32).collect(),
             num_emitted: words[n_tok..n_tok + r].to_vec(),
-            status: words[n_tok + r..n_tok + 2 * r].iter().map(|&w| Status(w)).collect(),
+            status: words[n_tok + r..n_tok + 2 * r]
+                .iter()
+                .map(|&w| Status(w))
+                .collect(),
             stride: self.out_stride,
             seeds: self.seeds.clone(),
         }

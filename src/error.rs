@@ -130,13 +130,19 @@ impl fmt::Display for Error {
                 "vocab_size {vocab_size} is not usable: it must be between 1 and {}",
                 i32::MAX
             ),
-            Error::TooManyDrafts { request, num_drafts } => write!(
+            Error::TooManyDrafts {
+                request,
+                num_drafts,
+            } => write!(
                 f,
                 "request {request} has {num_drafts} drafts; at most {} per request are supported \
                  (split the proposal)",
                 crate::MAX_DRAFTS_PER_REQUEST
             ),
-            Error::InvalidTemperature { request, temperature } => write!(
+            Error::InvalidTemperature {
+                request,
+                temperature,
+            } => write!(
                 f,
                 "request {request} has temperature {temperature}; it must be finite and >= 0 \
                  (0 means greedy)"
@@ -145,19 +151,31 @@ impl fmt::Display for Error {
                 f,
                 "draft_token_ids has {got} ids but the requests' num_drafts add up to {expected}"
             ),
-            Error::TokenOutOfRange { index, token, vocab_size } => write!(
+            Error::TokenOutOfRange {
+                index,
+                token,
+                vocab_size,
+            } => write!(
                 f,
                 "draft_token_ids[{index}] = {token} is outside [-1, {vocab_size}): ids must be \
                  token ids of the vocabulary, or -1 for an invalid draft"
             ),
-            Error::TargetRowCount { expected_rows, got_elements, vocab_size } => write!(
+            Error::TargetRowCount {
+                expected_rows,
+                got_elements,
+                vocab_size,
+            } => write!(
                 f,
                 "target logits hold {got_elements} values = {} rows of {vocab_size} (+{} extra), \
                  but the requests need Σ(num_drafts + 1) = {expected_rows} rows",
                 got_elements / (*vocab_size).max(1) as usize,
                 got_elements % (*vocab_size).max(1) as usize
             ),
-            Error::DraftRowCount { expected_rows, got_elements, vocab_size } => write!(
+            Error::DraftRowCount {
+                expected_rows,
+                got_elements,
+                vocab_size,
+            } => write!(
                 f,
                 "draft distribution holds {got_elements} values = {} rows of {vocab_size} (+{} \
                  extra), but the requests need Σ num_drafts = {expected_rows} rows (one per draft)",
@@ -173,7 +191,10 @@ impl fmt::Display for Error {
                 f,
                 "the {what} byte offset {offset} is not a multiple of 4 (f32 logits)"
             ),
-            Error::RowTooLarge { row_bytes, max_binding } => write!(
+            Error::RowTooLarge {
+                row_bytes,
+                max_binding,
+            } => write!(
                 f,
                 "one row is {row_bytes} bytes but this device binds at most {max_binding} bytes \
                  at once; use a device with a larger max_storage_buffer_binding_size"

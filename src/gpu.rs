@@ -31,7 +31,9 @@ pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
             format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
         })
         .collect();
-    let wanted = std::env::var("WGPU_ADAPTER_NAME").ok().map(|s| s.to_lowercase());
+    let wanted = std::env::var("WGPU_ADAPTER_NAME")
+        .ok()
+        .map(|s| s.to_lowercase());
     let rank = |a: &wgpu::Adapter| {
         let i = a.get_info();
         let ty = match i.device_type {
@@ -51,13 +53,18 @@ pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
         })
         .collect();
     candidates.sort_by_key(rank);
-    candidates.into_iter().next().ok_or_else(|| Error::NoAdapter {
-        detail: format!(
-            "backends {backends:?}{}; adapters seen: [{}]",
-            wanted.map(|w| format!(", WGPU_ADAPTER_NAME={w:?}")).unwrap_or_default(),
-            seen.join(", ")
-        ),
-    })
+    candidates
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoAdapter {
+            detail: format!(
+                "backends {backends:?}{}; adapters seen: [{}]",
+                wanted
+                    .map(|w| format!(", WGPU_ADAPTER_NAME={w:?}"))
+                    .unwrap_or_default(),
+                seen.join(", ")
+            ),
+        })
 }
 
 /// The limits we ask of an adapter: WebGPU's downlevel defaults, raised to what the adapter
@@ -99,7 +106,11 @@ struct Grow {
 
 impl Grow {
     fn new(label: &'static str, usage: wgpu::BufferUsages) -> Self {
-        Grow { buffer: None, usage, label }
+        Grow {
+            buffer: None,
+            usage,
+            label,
+        }
     }
     fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> &wgpu::Buffer {
         let bytes = bytes.max(16).next_multiple_of(16);
@@ -310,7 +321,9 @@ fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
     let v = pollster::block_on(validation.pop());
     let o = pollster::block_on(oom.pop());
     match v.or(o) {
-        Some(e) => Err(Error::Gpu { detail: e.to_string() }),
+        Some(e) => Err(Error::Gpu {
+            detail: e.to_string(),
+        }),
         None => Ok(value),
     }
 }
@@ -342,7 +355,8 @@ impl GpuBackend {
             }));
             let lost_c = lost.clone();
             device.set_device_lost_callback(move |reason, message| {
-                *lost_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{reason:?}: {message}"));
+                *lost_c.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("{reason:?}: {message}"));
             });
         }
         let max_wg = limits
@@ -358,7 +372,9 @@ impl GpuBackend {
         let wg = if wg > max_wg { wg / 2 } else { wg };
         let max_binding = opts
             .max_binding_bytes
-            .map_or(limits.max_storage_buffer_binding_size, |m| m.min(limits.max_storage_buffer_binding_size));
+            .map_or(limits.max_storage_buffer_binding_size, |m| {
+                m.min(limits.max_storage_buffer_binding_size)
+            });
         let built = scoped(&device, || {
             let mut layouts = HashMap::new();
             let mut pipelines = HashMap::new();
@@ -379,17 +395,18 @@ impl GpuBackend {
                 });
                 for &entry in kernel.entry_points() {
                     let constants = [("WG", f64::from(wg))];
-                    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(&format!("{label}.{entry}")),
-                        layout: Some(&pl),
-                        module: &module,
-                        entry_point: Some(entry),
-                        compilation_options: wgpu::PipelineCompilationOptions {
-                            constants: &constants,
-                            zero_initialize_workgroup_memory: false,
-                        },
-                        cache: None,
-                    });
+                    let pipeline =
+                        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(&format!("{label}.{entry}")),
+                            layout: Some(&pl),
+                            module: &module,
+                            entry_point: Some(entry),
+                            compilation_options: wgpu::PipelineCompilationOptions {
+                                constants: &constants,
+                                zero_initialize_workgroup_memory: false,
+                            },
+                            cache: None,
+                        });
                     pipelines.insert(PipelineKey { kernel, entry, wg }, pipeline);
                 }
                 layouts.insert(kernel, bgl);
@@ -424,13 +441,21 @@ impl GpuBackend {
     /// Vocabulary entries per block for a vocabulary of `vocab` (a multiple of 4, and few enough
     /// blocks for one dispatch dimension).
     pub fn block_len_for(&self, vocab: u32) -> u32 {
-        let max_blocks = self.device.limits().max_compute_workgroups_per_dimension.max(1);
+        let max_blocks = self
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension
+            .max(1);
         let min_len = vocab.div_ceil(max_blocks).next_multiple_of(4);
         self.block_len.max(min_len)
     }
 
     fn pipeline(&self, kernel: Kernel, entry: &'static str) -> &wgpu::ComputePipeline {
-        &self.pipelines[&PipelineKey { kernel, entry, wg: self.wg }]
+        &self.pipelines[&PipelineKey {
+            kernel,
+            entry,
+            wg: self.wg,
+        }]
     }
 
     fn check_alive(&self) -> Result<(), Error> {
@@ -457,7 +482,12 @@ impl GpuBackend {
     }
 
     /// Uploads host slices into the workspace's upload buffers (pooled), for the host-slice API.
-    pub(crate) fn upload(&self, ws: &mut Workspace, target: &[f32], draft: Option<&[f32]>) -> Result<(), Error> {
+    pub(crate) fn upload(
+        &self,
+        ws: &mut Workspace,
+        target: &[f32],
+        draft: Option<&[f32]>,
+    ) -> Result<(), Error> {
         let max = self.device.limits().max_buffer_size;
         let bytes = std::mem::size_of_val(target) as u64;
         if bytes > max {
@@ -469,9 +499,12 @@ impl GpuBackend {
             });
         }
         let buf = ws.upload_target.ensure(&self.device, bytes);
-        self.queue.write_buffer(buf, 0, bytemuck::cast_slice(target));
+        self.queue
+            .write_buffer(buf, 0, bytemuck::cast_slice(target));
         if let Some(d) = draft {
-            let buf = ws.upload_draft.ensure(&self.device, std::mem::size_of_val(d) as u64);
+            let buf = ws
+                .upload_draft
+                .ensure(&self.device, std::mem::size_of_val(d) as u64);
             self.queue.write_buffer(buf, 0, bytemuck::cast_slice(d));
         }
         Ok(())
@@ -494,26 +527,44 @@ impl GpuBackend {
         let limits = self.device.limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment);
         // Host checks of the caller's buffers, before anything is recorded.
-        for (what, rows, vocab, b) in [("target logits", plan.total_rows, v, Some(target)), ("draft", plan.total_drafts, dv, draft)] {
+        for (what, rows, vocab, b) in [
+            ("target logits", plan.total_rows, v, Some(target)),
+            ("draft", plan.total_drafts, dv, draft),
+        ] {
             if let Some(b) = b {
                 if b.offset % 4 != 0 {
-                    return Err(Error::MisalignedOffset { what, offset: b.offset });
+                    return Err(Error::MisalignedOffset {
+                        what,
+                        offset: b.offset,
+                    });
                 }
                 let needed = b.offset + rows as u64 * vocab * 4;
                 if needed > b.buffer.size() {
-                    return Err(Error::BufferTooSmall { what, needed, size: b.buffer.size() });
+                    return Err(Error::BufferTooSmall {
+                        what,
+                        needed,
+                        size: b.buffer.size(),
+                    });
                 }
             }
         }
         if row_bytes + align > self.max_binding {
-            return Err(Error::RowTooLarge { row_bytes, max_binding: self.max_binding });
+            return Err(Error::RowTooLarge {
+                row_bytes,
+                max_binding: self.max_binding,
+            });
         }
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
         let max_rows = (((self.max_binding - align) / row_bytes) as usize).min(max_dim);
         let n = plan.num_requests();
-        if plan.total_rows.div_ceil(self.wg as usize) > max_dim || n.div_ceil(self.wg as usize) > max_dim {
+        if plan.total_rows.div_ceil(self.wg as usize) > max_dim
+            || n.div_ceil(self.wg as usize) > max_dim
+        {
             return Err(Error::BatchTooLarge {
-                reason: format!("{} rows exceed one dispatch of this device", plan.total_rows),
+                reason: format!(
+                    "{} rows exceed one dispatch of this device",
+                    plan.total_rows
+                ),
             });
         }
         let windows = plan_windows(plan, max_rows);
@@ -523,15 +574,18 @@ impl GpuBackend {
         // Metadata and scratch buffers.
         let dev = &self.device;
         let slot_size = PARAM_SLOT.max(u64::from(limits.min_uniform_buffer_offset_alignment));
-        ws.params.ensure(dev, slot_size * windows.len().max(1) as u64);
+        ws.params
+            .ensure(dev, slot_size * windows.len().max(1) as u64);
         ws.requests.ensure(dev, (n * 64) as u64);
         ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
         ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
         ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
-        ws.block_stats.ensure(dev, plan.total_rows as u64 * u64::from(num_blocks) * 32);
+        ws.block_stats
+            .ensure(dev, plan.total_rows as u64 * u64::from(num_blocks) * 32);
         ws.row_stats.ensure(dev, (plan.total_rows * 32) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
-        ws.candidates.ensure(dev, n as u64 * u64::from(num_blocks) * 16);
+        ws.candidates
+            .ensure(dev, n as u64 * u64::from(num_blocks) * 16);
         let out_words = n * plan.out_stride + 2 * n;
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -661,7 +715,11 @@ impl GpuBackend {
                     pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
                     for (i, w) in windows.iter().enumerate() {
-                        pass.set_bind_group(0, &residual_groups[i], &[(i as u64 * slot_size) as u32]);
+                        pass.set_bind_group(
+                            0,
+                            &residual_groups[i],
+                            &[(i as u64 * slot_size) as u32],
+                        );
                         pass.dispatch_workgroups(num_blocks, (w.req_end - w.req_begin) as u32, 1);
                     }
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
@@ -669,7 +727,13 @@ impl GpuBackend {
                     pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
                 }
             }
-            encoder.copy_buffer_to_buffer(ws.out.get(), 0, ws.readback.get(), 0, (out_words * 4) as u64);
+            encoder.copy_buffer_to_buffer(
+                ws.out.get(),
+                0,
+                ws.readback.get(),
+                0,
+                (out_words * 4) as u64,
+            );
         })
     }
 
@@ -679,12 +743,12 @@ impl GpuBackend {
         let flag: MapFlag = Arc::new(Mutex::new(None));
         if words > 0 {
             let flag_c = flag.clone();
-            ws.readback
-                .get()
-                .slice(..(words * 4) as u64)
-                .map_async(wgpu::MapMode::Read, move |r| {
+            ws.readback.get().slice(..(words * 4) as u64).map_async(
+                wgpu::MapMode::Read,
+                move |r| {
                     *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-                });
+                },
+            );
         } else {
             *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
         }
@@ -698,10 +762,14 @@ impl GpuBackend {
             timeout: Some(self.timeout),
         }) {
             Ok(_) => self.check_alive(),
-            Err(wgpu::PollError::Timeout) => Err(Error::Timeout { waited: self.timeout }),
+            Err(wgpu::PollError::Timeout) => Err(Error::Timeout {
+                waited: self.timeout,
+            }),
             Err(e) => {
                 self.check_alive()?;
-                Err(Error::Gpu { detail: e.to_string() })
+                Err(Error::Gpu {
+                    detail: e.to_string(),
+                })
             }
         }
     }
@@ -718,13 +786,20 @@ impl GpuBackend {
     }
 
     /// Copies the mapped readback out once `flag` is set. `Ok(None)` while still pending.
-    pub(crate) fn collect(&self, ws: &Workspace, words: usize, flag: &MapFlag) -> Result<Option<VerifyWords>, Error> {
+    pub(crate) fn collect(
+        &self,
+        ws: &Workspace,
+        words: usize,
+        flag: &MapFlag,
+    ) -> Result<Option<VerifyWords>, Error> {
         let state = flag.lock().unwrap_or_else(|p| p.into_inner()).take();
         match state {
             None => return Ok(None),
             Some(Err(e)) => {
                 self.check_alive()?;
-                return Err(Error::Gpu { detail: format!("readback failed: {e}") });
+                return Err(Error::Gpu {
+                    detail: format!("readback failed: {e}"),
+                });
             }
             Some(Ok(())) => {}
         }
@@ -733,9 +808,9 @@ impl GpuBackend {
         }
         let slice = ws.readback.get().slice(..(words * 4) as u64);
         let out = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::Gpu { detail: format!("readback mapping: {e}") })?;
+            let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+                detail: format!("readback mapping: {e}"),
+            })?;
             bytemuck::cast_slice::<u8, u32>(&view).to_vec()
         };
         ws.readback.get().unmap();
@@ -753,17 +828,31 @@ impl GpuBackend {
     }
 
     /// Uploads a host-slice batch and records it into a fresh encoder; returns the submission.
-    pub(crate) fn submit_host(&self, ws: &mut Workspace, plan: &Plan, target: &[f32], draft: Option<&[f32]>) -> Result<wgpu::SubmissionIndex, Error> {
+    pub(crate) fn submit_host(
+        &self,
+        ws: &mut Workspace,
+        plan: &Plan,
+        target: &[f32],
+        draft: Option<&[f32]>,
+    ) -> Result<wgpu::SubmissionIndex, Error> {
         self.upload(ws, target, draft)?;
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("specdec.verify"),
-        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("specdec.verify"),
+            });
         // wgpu buffers are reference-counted handles: clones let `record` borrow the workspace
         // mutably while reading from its upload buffers.
         let t_buf = ws.upload_target.get().clone();
         let d_buf = draft.map(|_| ws.upload_draft.get().clone());
-        let t = GpuRows { buffer: &t_buf, offset: 0 };
-        let d = d_buf.as_ref().map(|b| GpuRows { buffer: b, offset: 0 });
+        let t = GpuRows {
+            buffer: &t_buf,
+            offset: 0,
+        };
+        let d = d_buf.as_ref().map(|b| GpuRows {
+            buffer: b,
+            offset: 0,
+        });
         self.record(&mut encoder, ws, plan, t, d)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()]))
     }
@@ -773,7 +862,11 @@ impl GpuBackend {
     pub(crate) fn rng_check(&self, seed: u64, counters: &[[u32; 4]]) -> Result<Vec<u32>, Error> {
         use wgpu::util::DeviceExt;
         let dev = &self.device;
-        let req = ReqInfo { seed_lo: seed as u32, seed_hi: (seed >> 32) as u32, ..ReqInfo::default() };
+        let req = ReqInfo {
+            seed_lo: seed as u32,
+            seed_hi: (seed >> 32) as u32,
+            ..ReqInfo::default()
+        };
         let bytes = (counters.len() * 48) as u64;
         let counters_buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("specdec.rng_check.counters"),
@@ -802,14 +895,28 @@ impl GpuBackend {
                 label: Some("specdec.rng_check"),
                 layout: &self.layouts[&Kernel::RngCheck],
                 entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: counters_buf.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: req_buf.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() },
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: counters_buf.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: req_buf.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: out.as_entire_binding(),
+                    },
                 ],
             });
-            let mut encoder = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("specdec.rng_check") });
+            let mut encoder = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("specdec.rng_check"),
+            });
             {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                });
                 pass.set_pipeline(self.pipeline(Kernel::RngCheck, "main"));
                 pass.set_bind_group(0, &group, &[]);
                 pass.dispatch_workgroups(counters.len().div_ceil(self.wg as usize) as u32, 1, 1);
@@ -820,11 +927,16 @@ impl GpuBackend {
         let slice = read.slice(..);
         slice.map_async(wgpu::MapMode::Read, |_| {});
         self.device
-            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: Some(self.timeout) })
-            .map_err(|_| Error::Timeout { waited: self.timeout })?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Gpu { detail: format!("readback mapping: {e}") })?;
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: Some(self.timeout),
+            })
+            .map_err(|_| Error::Timeout {
+                waited: self.timeout,
+            })?;
+        let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+            detail: format!("readback mapping: {e}"),
+        })?;
         let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
         Ok(words)
     }
@@ -856,7 +968,13 @@ pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>
 
 /// The binding range (offset, size) of rows `[begin, end)` of `rows` and the element index of
 /// row `begin` inside it: the offset is rounded down to the storage offset alignment.
-fn window_range(rows: GpuRows<'_>, begin: usize, end: usize, row_bytes: u64, align: u64) -> ((u64, u64), u32) {
+fn window_range(
+    rows: GpuRows<'_>,
+    begin: usize,
+    end: usize,
+    row_bytes: u64,
+    align: u64,
+) -> ((u64, u64), u32) {
     let start = rows.offset + begin as u64 * row_bytes;
     let stop = rows.offset + end as u64 * row_bytes;
     let aligned = start - start % align;

@@ -42,7 +42,10 @@ pub mod shaders;
 pub mod stats;
 mod verifier;
 
-pub use batch::{Draft, Fault, Request, Rule, SamplingParams, Status, VerifyBatch, VerifyOutput, MAX_DRAFTS_PER_REQUEST};
+pub use batch::{
+    Draft, Fault, Request, Rule, SamplingParams, Status, VerifyBatch, VerifyOutput,
+    MAX_DRAFTS_PER_REQUEST,
+};
 pub use error::Error;
 pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows};
 pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};

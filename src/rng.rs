@@ -54,7 +54,10 @@ pub fn row_position(position: u64, local_row: u32) -> [u32; 2] {
 /// position `pos` for `seed`.
 #[inline]
 pub fn random_words(seed: u64, pos: [u32; 2], stream: u32, quad: u32) -> [u32; 4] {
-    philox4x32_10([quad, pos[0], stream, pos[1]], [seed as u32, (seed >> 32) as u32])
+    philox4x32_10(
+        [quad, pos[0], stream, pos[1]],
+        [seed as u32, (seed >> 32) as u32],
+    )
 }
 
 /// Uniform in the open interval (0, 1) from the top 23 bits: `(m + 0.5) / 2^23`, exact in f32,
@@ -121,7 +124,19 @@ mod tests {
     #[test]
     fn exp1_is_positive_finite_and_monotone() {
         let mut prev = 0.0f32;
-        for bits in [0u32, 1, 2, 255, 256, 1 << 20, 1 << 25, 1 << 26, 1 << 31, u32::MAX - 1, u32::MAX] {
+        for bits in [
+            0u32,
+            1,
+            2,
+            255,
+            256,
+            1 << 20,
+            1 << 25,
+            1 << 26,
+            1 << 31,
+            u32::MAX - 1,
+            u32::MAX,
+        ] {
             let e = exp1_from_bits(bits);
             assert!(e.is_finite() && e > 0.0, "bits {bits:#x} gave {e}");
             assert!(e >= prev, "not monotone at {bits:#x}: {e} < {prev}");
@@ -145,6 +160,9 @@ mod tests {
             sum += exp1_from_bits(random_words(7, [i, 0], STREAM_BONUS, 0)[0]) as f64;
         }
         let mean = sum / n as f64;
-        assert!((mean - 1.0).abs() < 6.0 * (1.0 / n as f64).sqrt(), "mean {mean}");
+        assert!(
+            (mean - 1.0).abs() < 6.0 * (1.0 / n as f64).sqrt(),
+            "mean {mean}"
+        );
     }
 }

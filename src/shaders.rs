@@ -20,7 +20,12 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 4] = [Kernel::RowStats, Kernel::Verify, Kernel::ResidualArgmax, Kernel::RngCheck];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::RowStats,
+        Kernel::Verify,
+        Kernel::ResidualArgmax,
+        Kernel::RngCheck,
+    ];
 
     /// The kernel's name: its file stem and the prefix of its pipeline labels.
     pub fn name(self) -> &'static str {

@@ -120,7 +120,9 @@ impl Verifier {
             required_limits: limits,
             ..Default::default()
         }))
-        .map_err(|e| Error::RequestDevice { detail: e.to_string() })?;
+        .map_err(|e| Error::RequestDevice {
+            detail: e.to_string(),
+        })?;
         let backend = GpuBackend::new(device, queue, adapter.get_info(), &opts, true)?;
         Ok(Self::build(Backend::Gpu(Box::new(backend)), opts))
     }
@@ -128,7 +130,11 @@ impl Verifier {
     /// A GPU verifier on a device the app already has (the usual case: its model runs there).
     /// The device must allow 7 storage buffers per shader stage. The app's error handlers are
     /// left alone; every call of ours runs inside error scopes.
-    pub fn with_device(device: wgpu::Device, queue: wgpu::Queue, opts: VerifierOptions) -> Result<Verifier, Error> {
+    pub fn with_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        opts: VerifierOptions,
+    ) -> Result<Verifier, Error> {
         check_options(&opts)?;
         let info = device.adapter_info();
         let backend = GpuBackend::new(device, queue, info, &opts, false)?;
@@ -143,7 +149,11 @@ impl Verifier {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let shape = TwinShape {
             block_len: opts.block_len.max(4) as usize,
-            wg: opts.workgroup_size.unwrap_or(256).clamp(1, 256).next_power_of_two() as usize,
+            wg: opts
+                .workgroup_size
+                .unwrap_or(256)
+                .clamp(1, 256)
+                .next_power_of_two() as usize,
             threads,
         };
         Self::build(Backend::Cpu(shape), opts)
@@ -188,7 +198,10 @@ impl Verifier {
     /// (Vulkan, Cpu)` or `CPU backend (2 threads)`.
     pub fn describe(&self) -> String {
         match &self.backend {
-            Backend::Gpu(g) => format!("GPU: {} ({:?}, {:?})", g.info.name, g.info.backend, g.info.device_type),
+            Backend::Gpu(g) => format!(
+                "GPU: {} ({:?}, {:?})",
+                g.info.name, g.info.backend, g.info.device_type
+            ),
             Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),
         }
     }
@@ -216,7 +229,12 @@ impl Verifier {
             draft_kind: kind,
             rates: batch.synthetic_rates,
         })?;
-        check_rows(batch.target_logits.len(), plan.total_rows, plan.vocab, false)?;
+        check_rows(
+            batch.target_logits.len(),
+            plan.total_rows,
+            plan.vocab,
+            false,
+        )?;
         if let Some(d) = draft {
             check_rows(d.len(), plan.total_drafts, plan.draft_vocab, true)?;
         }
@@ -228,7 +246,9 @@ impl Verifier {
     pub fn verify_blocking(&self, batch: &VerifyBatch<'_>) -> Result<VerifyOutput, Error> {
         let (plan, draft) = self.host_plan(batch)?;
         match &self.backend {
-            Backend::Cpu(shape) => Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape))),
+            Backend::Cpu(shape) => {
+                Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape)))
+            }
             Backend::Gpu(g) => {
                 if plan.num_requests() == 0 {
                     return Ok(plan.decode_output(&[]));
@@ -239,9 +259,9 @@ impl Verifier {
                     let words = out_words(&plan);
                     let flag = g.start_map(&ws, words);
                     g.wait(Some(index))?;
-                    let w = g
-                        .collect(&ws, words, &flag)?
-                        .ok_or(Error::Timeout { waited: g.timeout() })?;
+                    let w = g.collect(&ws, words, &flag)?.ok_or(Error::Timeout {
+                        waited: g.timeout(),
+                    })?;
                     Ok(plan.decode_output(&w))
                 })();
                 g.give_back(ws);
@@ -256,7 +276,9 @@ impl Verifier {
     pub async fn verify(&self, batch: &VerifyBatch<'_>) -> Result<VerifyOutput, Error> {
         let (plan, draft) = self.host_plan(batch)?;
         match &self.backend {
-            Backend::Cpu(shape) => Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape))),
+            Backend::Cpu(shape) => {
+                Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape)))
+            }
             Backend::Gpu(g) => {
                 if plan.num_requests() == 0 {
                     return Ok(plan.decode_output(&[]));
@@ -267,9 +289,15 @@ impl Verifier {
                     Ok(_) => {
                         let words = out_words(&plan);
                         let flag = g.start_map(&ws, words);
-                        ReadFuture { g, ws: &ws, words, flag, start: Instant::now() }
-                            .await
-                            .map(|w| plan.decode_output(&w))
+                        ReadFuture {
+                            g,
+                            ws: &ws,
+                            words,
+                            flag,
+                            start: Instant::now(),
+                        }
+                        .await
+                        .map(|w| plan.decode_output(&w))
                     }
                     Err(e) => Err(e),
                 };
@@ -285,7 +313,11 @@ impl Verifier {
     /// the next submission. Nothing is submitted here: submit the encoder, then call
     /// [`Verifier::read_blocking`] / [`Verifier::read`], or consume
     /// [`PendingVerify::output_buffer`] on the GPU.
-    pub fn record(&self, encoder: &mut wgpu::CommandEncoder, batch: &GpuVerifyBatch<'_>) -> Result<PendingVerify, Error> {
+    pub fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        batch: &GpuVerifyBatch<'_>,
+    ) -> Result<PendingVerify, Error> {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
         };
@@ -322,9 +354,9 @@ impl Verifier {
         let result = (|| {
             let flag = g.start_map(&ws, words);
             g.wait(None)?;
-            let w = g
-                .collect(&ws, words, &flag)?
-                .ok_or(Error::Timeout { waited: g.timeout() })?;
+            let w = g.collect(&ws, words, &flag)?.ok_or(Error::Timeout {
+                waited: g.timeout(),
+            })?;
             Ok(plan.decode_output(&w))
         })();
         g.give_back(ws);
@@ -339,9 +371,15 @@ impl Verifier {
         let PendingVerify { ws, plan } = pending;
         let words = out_words(&plan);
         let flag = g.start_map(&ws, words);
-        let result = ReadFuture { g, ws: &ws, words, flag, start: Instant::now() }
-            .await
-            .map(|w| plan.decode_output(&w));
+        let result = ReadFuture {
+            g,
+            ws: &ws,
+            words,
+            flag,
+            start: Instant::now(),
+        }
+        .await
+        .map(|w| plan.decode_output(&w));
         g.give_back(ws);
         result
     }
@@ -364,7 +402,10 @@ fn out_words(plan: &Plan) -> usize {
 fn check_options(opts: &VerifierOptions) -> Result<(), Error> {
     if opts.block_len == 0 || opts.block_len % 4 != 0 {
         return Err(Error::BatchTooLarge {
-            reason: format!("VerifierOptions::block_len {} must be a positive multiple of 4", opts.block_len),
+            reason: format!(
+                "VerifierOptions::block_len {} must be a positive multiple of 4",
+                opts.block_len
+            ),
         });
     }
     Ok(())
@@ -388,9 +429,11 @@ impl Future for ReadFuture<'_> {
         match self.g.collect(self.ws, self.words, &self.flag) {
             Ok(Some(w)) => Poll::Ready(Ok(w)),
             Err(e) => Poll::Ready(Err(e)),
-            Ok(None) if self.start.elapsed() > self.g.timeout() => Poll::Ready(Err(Error::Timeout {
-                waited: self.g.timeout(),
-            })),
+            Ok(None) if self.start.elapsed() > self.g.timeout() => {
+                Poll::Ready(Err(Error::Timeout {
+                    waited: self.g.timeout(),
+                }))
+            }
             Ok(None) => {
                 cx.waker().wake_by_ref();
                 Poll::Pending

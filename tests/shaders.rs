@@ -26,7 +26,10 @@ fn wgsl_layout(name: &str) -> (u32, Vec<(String, u32)>) {
     for (handle, ty) in module.types.iter() {
         if ty.name.as_deref() == Some(name) {
             if let naga::TypeInner::Struct { members, span } = &ty.inner {
-                let fields = members.iter().map(|m| (m.name.clone().unwrap(), m.offset)).collect();
+                let fields = members
+                    .iter()
+                    .map(|m| (m.name.clone().unwrap(), m.offset))
+                    .collect();
                 assert_eq!(layouter[handle].size, *span);
                 return (*span, fields);
             }
@@ -59,14 +62,45 @@ fn params_structs_match_wgsl_layout() {
     check_layout!(
         Params,
         "Params",
-        [vocab, draft_vocab, block_len, num_blocks, row_begin, row_count, t_elem_base, d_row_begin, d_elem_base, draft_kind, req_begin, req_count, num_requests, out_stride, total_rows]
+        [
+            vocab,
+            draft_vocab,
+            block_len,
+            num_blocks,
+            row_begin,
+            row_count,
+            t_elem_base,
+            d_row_begin,
+            d_elem_base,
+            draft_kind,
+            req_begin,
+            req_count,
+            num_requests,
+            out_stride,
+            total_rows
+        ]
     );
     check_layout!(
         ReqInfo,
         "ReqInfo",
-        [row_offset, draft_offset, num_drafts, flags, inv_temperature, seed_lo, seed_hi, pos_lo, pos_hi, out_offset]
+        [
+            row_offset,
+            draft_offset,
+            num_drafts,
+            flags,
+            inv_temperature,
+            seed_lo,
+            seed_hi,
+            pos_lo,
+            pos_hi,
+            out_offset
+        ]
     );
-    check_layout!(RowStats, "RowStats", [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d]);
+    check_layout!(
+        RowStats,
+        "RowStats",
+        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d]
+    );
     check_layout!(Task, "Task", [kind, local_row, draft_token, slot]);
     check_layout!(Candidate, "Candidate", [r_key, r_idx, p_key, p_idx]);
 }

@@ -22,7 +22,12 @@ pub struct TwinShape {
 }
 
 /// The inputs of one row of the statistics pass.
-pub(crate) fn row_input<'a>(plan: &Plan, g: usize, target: &'a [f32], draft: Option<&'a [f32]>) -> RowInput<'a> {
+pub(crate) fn row_input<'a>(
+    plan: &Plan,
+    g: usize,
+    target: &'a [f32],
+    draft: Option<&'a [f32]>,
+) -> RowInput<'a> {
     let v = plan.vocab as usize;
     let dv = plan.draft_vocab as usize;
     let [r, k_row, drafted, d_row] = plan.row_info[g];
@@ -51,7 +56,12 @@ pub(crate) fn row_input<'a>(plan: &Plan, g: usize, target: &'a [f32], draft: Opt
 
 /// Runs a checked batch on the CPU and returns the packed output words
 /// `[tokens | num_emitted | status]`, exactly as the GPU leaves them.
-pub(crate) fn run(plan: &Plan, target: &[f32], draft: Option<&[f32]>, shape: TwinShape) -> Vec<u32> {
+pub(crate) fn run(
+    plan: &Plan,
+    target: &[f32],
+    draft: Option<&[f32]>,
+    shape: TwinShape,
+) -> Vec<u32> {
     let n = plan.num_requests();
     let v = plan.vocab as usize;
     let dv = plan.draft_vocab as usize;
@@ -63,7 +73,9 @@ pub(crate) fn run(plan: &Plan, target: &[f32], draft: Option<&[f32]>, shape: Twi
         }
     });
     let mut words = vec![0u32; n * plan.out_stride + 2 * n];
-    let tasks: Vec<Task> = (0..n).map(|r| verify::request(plan, r, &stats, &mut words)).collect();
+    let tasks: Vec<Task> = (0..n)
+        .map(|r| verify::request(plan, r, &stats, &mut words))
+        .collect();
     let mut best = vec![Candidate::default(); n];
     parallel_chunks(&mut best, shape.threads, |first, chunk| {
         for (i, c) in chunk.iter_mut().enumerate() {
@@ -80,7 +92,14 @@ pub(crate) fn run(plan: &Plan, target: &[f32], draft: Option<&[f32]>, shape: Twi
             } else {
                 None
             };
-            *c = residual_argmax::candidate(plan, info, task, &stats[g], &target[g * v..(g + 1) * v], draft_row);
+            *c = residual_argmax::candidate(
+                plan,
+                info,
+                task,
+                &stats[g],
+                &target[g * v..(g + 1) * v],
+                draft_row,
+            );
         }
     });
     for r in 0..n {

@@ -5,7 +5,9 @@
 use crate::batch::Plan;
 use crate::cpu::verify::{sanitize_prob, STATUS_EMPTY_RESIDUAL};
 use crate::layout::*;
-use crate::rng::{exp1_from_bits, random_words, row_position, STREAM_ACCEPT, STREAM_BONUS, STREAM_RESIDUAL};
+use crate::rng::{
+    exp1_from_bits, random_words, row_position, STREAM_ACCEPT, STREAM_BONUS, STREAM_RESIDUAL,
+};
 
 #[inline]
 fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
@@ -26,7 +28,14 @@ fn stream_of(info: &ReqInfo, task: &Task) -> u32 {
 /// The best candidate of the race over `target` (the task's row) for request `info`.
 /// `draft` is the task's draft row (probabilities or logits per `plan.draft_kind`) when the task
 /// subtracts q.
-pub fn candidate(plan: &Plan, info: &ReqInfo, task: &Task, st: &RowStats, target: &[f32], draft: Option<&[f32]>) -> Candidate {
+pub fn candidate(
+    plan: &Plan,
+    info: &ReqInfo,
+    task: &Task,
+    st: &RowStats,
+    target: &[f32],
+    draft: Option<&[f32]>,
+) -> Candidate {
     let inv_t = info.inv_temperature;
     let pos = row_position(info.position(), task.local_row);
     let stream = stream_of(info, task);
@@ -71,7 +80,14 @@ pub fn candidate(plan: &Plan, info: &ReqInfo, task: &Task, st: &RowStats, target
 }
 
 /// Writes the sampled token of request `r` from its (merged) candidate, as the `merge` entry does.
-pub fn finish(plan: &Plan, r: usize, task: &Task, best: &Candidate, st: &RowStats, out_words: &mut [u32]) {
+pub fn finish(
+    plan: &Plan,
+    r: usize,
+    task: &Task,
+    best: &Candidate,
+    st: &RowStats,
+    out_words: &mut [u32],
+) {
     if task.kind == TASK_NONE {
         return;
     }

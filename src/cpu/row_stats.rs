@@ -79,13 +79,29 @@ pub fn block(input: &RowInput<'_>, begin: usize, end: usize, wg: usize) -> RowSt
     let mut t = vec![ACC_NEW; wg];
     let mut q = vec![ACC_NEW; wg];
     for (i, &x) in input.target[begin..end].iter().enumerate() {
-        push(&mut t[i % wg], x, (begin + i) as u32, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+        push(
+            &mut t[i % wg],
+            x,
+            (begin + i) as u32,
+            inv_t,
+            with_sum,
+            ROW_T_NAN,
+            ROW_T_POSINF,
+        );
     }
     if let Some(draft) = input.draft_logits {
         let d_end = end.min(draft.len());
         if d_end > begin {
             for (i, &x) in draft[begin..d_end].iter().enumerate() {
-                push(&mut q[i % wg], x, (begin + i) as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                push(
+                    &mut q[i % wg],
+                    x,
+                    (begin + i) as u32,
+                    inv_t,
+                    true,
+                    ROW_Q_NAN,
+                    ROW_Q_POSINF,
+                );
             }
         }
     }
@@ -147,14 +163,16 @@ pub fn merge(blocks: &[RowStats], input: &RowInput<'_>, block_len: usize) -> Row
     for o in &blocks[1..] {
         let m_new = acc.t_max.max(o.t_max);
         if with_sum {
-            acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
+            acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t)
+                + rescale(o.t_max, o.t_sum, m_new, inv_t);
         }
         if takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg) {
             acc.t_arg = o.t_arg;
         }
         acc.t_max = m_new;
         let qm_new = acc.q_max.max(o.q_max);
-        acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
+        acc.q_sum =
+            rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
         acc.q_max = qm_new;
         acc.flags |= o.flags;
     }

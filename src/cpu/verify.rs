@@ -23,7 +23,14 @@ pub(crate) fn sanitize_prob(x: f32) -> f32 {
 
 /// The accept uniform `u_i` of row `i` of request `info`.
 pub fn accept_uniform(info: &ReqInfo, i: u32) -> f32 {
-    uniform_open(random_words(info.seed(), row_position(info.position(), i), STREAM_ACCEPT, 0)[0])
+    uniform_open(
+        random_words(
+            info.seed(),
+            row_position(info.position(), i),
+            STREAM_ACCEPT,
+            0,
+        )[0],
+    )
 }
 
 /// Verifies request `r`: writes its accepted tokens, padding, num_emitted and status into

@@ -20,7 +20,9 @@ pub fn gpu() -> Option<&'static Verifier> {
                 eprintln!("GPU tests run on {}", v.describe());
                 Some(v)
             }
-            Err(e) => panic!("GPU tests need an adapter (set SPECDEC_SKIP_GPU=1 to skip explicitly): {e}"),
+            Err(e) => {
+                panic!("GPU tests need an adapter (set SPECDEC_SKIP_GPU=1 to skip explicitly): {e}")
+            }
         }
     })
     .as_ref()
@@ -110,7 +112,14 @@ impl Owned {
 
     /// A random batch like the anchors': logits 2·N(0,1), drafts = argmax w.p. `p_argmax`, else
     /// uniform; `ks` drafts per request; temperatures from `temps` cycled.
-    pub fn random(g: &mut Gen, vocab: u32, ks: &[u32], temps: &[f32], draft_kind: u8, p_argmax: f64) -> Owned {
+    pub fn random(
+        g: &mut Gen,
+        vocab: u32,
+        ks: &[u32],
+        temps: &[f32],
+        draft_kind: u8,
+        p_argmax: f64,
+    ) -> Owned {
         let v = vocab as usize;
         let mut requests = Vec::new();
         let mut drafts = Vec::new();
@@ -120,7 +129,11 @@ impl Owned {
             let t = temps[r % temps.len()];
             requests.push(Request {
                 num_drafts: k,
-                params: SamplingParams { temperature: t, seed: Some(g.u64()), ..SamplingParams::default() },
+                params: SamplingParams {
+                    temperature: t,
+                    seed: Some(g.u64()),
+                    ..SamplingParams::default()
+                },
                 position: g.u64() % 100_000,
             });
             for i in 0..=k {
@@ -129,9 +142,16 @@ impl Owned {
                     let argmax = row
                         .iter()
                         .enumerate()
-                        .fold((0, f32::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b })
+                        .fold(
+                            (0, f32::NEG_INFINITY),
+                            |b, (j, &x)| if x > b.1 { (j, x) } else { b },
+                        )
                         .0;
-                    let d = if g.unit() < p_argmax { argmax } else { g.below(v) };
+                    let d = if g.unit() < p_argmax {
+                        argmax
+                    } else {
+                        g.below(v)
+                    };
                     drafts.push(d as i32);
                     match draft_kind {
                         1 => {
@@ -145,6 +165,14 @@ impl Owned {
                 target.extend(row);
             }
         }
-        Owned { vocab, requests, drafts, target, draft_kind, draft, rates: None }
+        Owned {
+            vocab,
+            requests,
+            drafts,
+            target,
+            draft_kind,
+            draft,
+            rates: None,
+        }
     }
 }

@@ -1,0 +1,358 @@
+//! Distribution tests of SPEC §4 on the CPU twin and on the GPU: both halves of the exactness
+//! identity by χ² at an exact quantile, the acceptance rate within 6 standard errors of
+//! Σ min(p, q), the emitted-length histogram against P(A ≥ j) = Π β_i, the bonus token against
+//! p — each beside a negative control (a deliberately wrong sampler) that the same test rejects.
+
+mod common;
+use common::*;
+use specdec::stats::{binomial_z, chi_square_gof, GofOutcome};
+use specdec::{Fault, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+
+/// Significance of every χ² test: a correct sampler fails one with probability 1e-6.
+const ALPHA: f64 = 1e-6;
+const REQUESTS_PER_CALL: usize = 8192;
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    OneHot,
+    Probs,
+    Logits,
+}
+
+/// A fixed verification problem: k + 1 target rows, k draft rows, a temperature.
+struct Problem {
+    vocab: usize,
+    k: usize,
+    temperature: f32,
+    mode: Mode,
+    target: Vec<Vec<f32>>,
+    /// Probabilities (Probs) or logits (Logits) of each draft row; for OneHot, unused.
+    draft: Vec<Vec<f32>>,
+    /// For OneHot: the fixed drafted tokens.
+    fixed: Vec<i32>,
+}
+
+impl Problem {
+    fn new(mode: Mode, k: usize, temperature: f32, seed: u64) -> Problem {
+        let vocab = 6;
+        let mut g = Gen::new(seed);
+        let target: Vec<Vec<f32>> = (0..=k).map(|_| g.logits(vocab, 1.2)).collect();
+        let draft: Vec<Vec<f32>> = (0..k)
+            .map(|_| {
+                let l = g.logits(vocab, 1.2);
+                if mode == Mode::Probs {
+                    softmax(&l, 1.0).iter().map(|&x| x as f32).collect()
+                } else {
+                    l
+                }
+            })
+            .collect();
+        // One-hot drafts: the second most likely token of each row, so rejections are common.
+        let fixed = target
+            .iter()
+            .take(k)
+            .map(|row| {
+                let p = softmax(row, temperature as f64);
+                let mut idx: Vec<usize> = (0..vocab).collect();
+                idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+                idx[1] as i32
+            })
+            .collect();
+        Problem {
+            vocab,
+            k,
+            temperature,
+            mode,
+            target,
+            draft,
+            fixed,
+        }
+    }
+    /// Target distribution p_i (f64).
+    fn p(&self, i: usize) -> Vec<f64> {
+        softmax(&self.target[i], self.temperature as f64)
+    }
+    /// Draft distribution q_i (f64).
+    fn q(&self, i: usize) -> Vec<f64> {
+        match self.mode {
+            Mode::OneHot => (0..self.vocab)
+                .map(|y| f64::from(y as i32 == self.fixed[i]))
+                .collect(),
+            Mode::Probs => {
+                let s: f64 = self.draft[i].iter().map(|&x| x as f64).sum();
+                self.draft[i].iter().map(|&x| x as f64 / s).collect()
+            }
+            Mode::Logits => softmax(&self.draft[i], self.temperature as f64),
+        }
+    }
+    /// β_i = Σ min(p_i, q_i).
+    fn beta(&self, i: usize) -> f64 {
+        self.p(i).iter().zip(self.q(i)).map(|(a, b)| a.min(b)).sum()
+    }
+}
+
+/// One trial: the drafts proposed and the tokens emitted.
+struct Trial {
+    drafts: Vec<i32>,
+    emitted: Vec<i32>,
+}
+
+/// Runs `n` independent trials of the problem (drafts sampled from q, one seed per trial).
+fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
+    let mut g = Gen::new(seed);
+    let qs: Vec<Vec<f64>> = (0..pb.k).map(|i| pb.q(i)).collect();
+    let mut trials = Vec::with_capacity(n);
+    while trials.len() < n {
+        let r = REQUESTS_PER_CALL.min(n - trials.len());
+        let mut requests = Vec::with_capacity(r);
+        let mut drafts = Vec::with_capacity(r * pb.k);
+        let mut target = Vec::with_capacity(r * (pb.k + 1) * pb.vocab);
+        let mut draft = Vec::new();
+        for _ in 0..r {
+            requests.push(Request {
+                num_drafts: pb.k as u32,
+                params: SamplingParams::seeded(pb.temperature, g.u64()),
+                position: g.u64() % 1_000_000,
+            });
+            for i in 0..pb.k {
+                drafts.push(if pb.mode == Mode::OneHot {
+                    pb.fixed[i]
+                } else {
+                    g.sample(&qs[i]) as i32
+                });
+                if pb.mode != Mode::OneHot {
+                    draft.extend_from_slice(&pb.draft[i]);
+                }
+            }
+            for row in &pb.target {
+                target.extend_from_slice(row);
+            }
+        }
+        let batch = VerifyBatch {
+            vocab_size: pb.vocab as u32,
+            requests: &requests,
+            draft_token_ids: &drafts,
+            target_logits: &target,
+            draft: match pb.mode {
+                Mode::OneHot => specdec::Draft::OneHot,
+                Mode::Probs => specdec::Draft::Probs(&draft),
+                Mode::Logits => specdec::Draft::Logits(&draft),
+            },
+            synthetic_rates: None,
+        };
+        let out = v.verify_blocking(&batch).expect("verify");
+        for i in 0..r {
+            trials.push(Trial {
+                drafts: drafts[i * pb.k..(i + 1) * pb.k].to_vec(),
+                emitted: out.emitted(i).to_vec(),
+            });
+        }
+    }
+    trials
+}
+
+/// The outcome of every check on one run.
+struct Checks {
+    halves: GofOutcome,
+    acceptance_z: f64,
+    lengths: GofOutcome,
+    /// None when no trial accepted every draft.
+    bonus: Option<GofOutcome>,
+}
+
+impl Checks {
+    fn all_pass(&self) -> bool {
+        self.halves.passed()
+            && self.acceptance_z.abs() <= 6.0
+            && self.lengths.passed()
+            && self.bonus.is_some_and(|b| b.passed())
+    }
+}
+
+fn check(pb: &Problem, trials: &[Trial]) -> Checks {
+    let v = pb.vocab;
+    let (p0, q0) = (pb.p(0), pb.q(0));
+    // Position 0, both halves: cells (accepted, y) and (rejected, y).
+    let mut cells = vec![0u64; 2 * v];
+    let mut accepted0 = 0u64;
+    let mut lengths = vec![0u64; pb.k + 1];
+    let mut bonus = vec![0u64; v];
+    for t in trials {
+        let a = t.emitted.len() - 1;
+        lengths[a] += 1;
+        let y = t.emitted[0] as usize;
+        if a >= 1 {
+            assert_eq!(
+                t.emitted[0], t.drafts[0],
+                "an accepted token must be the draft"
+            );
+            accepted0 += 1;
+            cells[y] += 1;
+        } else {
+            cells[v + y] += 1;
+        }
+        if a == pb.k {
+            bonus[t.emitted[pb.k] as usize] += 1;
+        }
+        for (i, &tok) in t.emitted.iter().enumerate().take(a) {
+            assert_eq!(tok, t.drafts[i]);
+        }
+    }
+    let mut expected: Vec<f64> = (0..v).map(|y| p0[y].min(q0[y])).collect();
+    expected.extend((0..v).map(|y| (p0[y] - q0[y]).max(0.0)));
+    let halves = chi_square_gof(&cells, &expected, ALPHA);
+    let beta0 = pb.beta(0);
+    let acceptance_z = binomial_z(accepted0, trials.len() as u64, beta0);
+    // P(A = j) = Π_{i<j} β_i · (1 − β_j), P(A = k) = Π β_i.
+    let betas: Vec<f64> = (0..pb.k).map(|i| pb.beta(i)).collect();
+    let mut len_probs = Vec::new();
+    let mut prefix = 1.0;
+    for b in &betas {
+        len_probs.push(prefix * (1.0 - b));
+        prefix *= b;
+    }
+    len_probs.push(prefix);
+    let lengths = chi_square_gof(&lengths, &len_probs, ALPHA);
+    let bonus = (bonus.iter().sum::<u64>() > 0).then(|| chi_square_gof(&bonus, &pb.p(pb.k), ALPHA));
+    Checks {
+        halves,
+        acceptance_z,
+        lengths,
+        bonus,
+    }
+}
+
+fn with_fault(base: Option<&Verifier>, fault: Fault) -> Option<Verifier> {
+    let opts = VerifierOptions {
+        fault,
+        ..VerifierOptions::default()
+    };
+    match base {
+        None => Some(Verifier::cpu(opts)),
+        Some(_) => Some(Verifier::new(opts).expect("second GPU verifier")),
+    }
+}
+
+/// The full battery for one mode on one backend (`gpu = None` means the CPU backend).
+fn battery(mode: Mode, temperature: f32, gpu: Option<&Verifier>, n: usize, seed: u64) {
+    let pb = Problem::new(mode, 2, temperature, seed);
+    let cpu_v = cpu();
+    let v = gpu.unwrap_or(&cpu_v);
+    let good = check(&pb, &run(v, &pb, n, seed ^ 1));
+    println!(
+        "{mode:?} T={temperature} on {}: β0={:.4}\n  halves {}\n  acceptance z = {:.2}\n  lengths {}\n  bonus {}",
+        v.describe(),
+        pb.beta(0),
+        good.halves,
+        good.acceptance_z,
+        good.lengths,
+        good.bonus.map_or("none observed".to_string(), |b| b.to_string())
+    );
+    assert!(good.halves.passed(), "halves: {}", good.halves);
+    assert!(
+        good.acceptance_z.abs() <= 6.0,
+        "acceptance z {}",
+        good.acceptance_z
+    );
+    assert!(good.lengths.passed(), "lengths: {}", good.lengths);
+    let bonus = good.bonus.expect("some trials accept every draft");
+    assert!(bonus.passed(), "bonus: {bonus}");
+
+    // Negative control 1: always reject and sample from p — the marginal is right, the halves
+    // and the acceptance are not.
+    let bad_v = with_fault(gpu, Fault::RejectAllFromTarget).unwrap();
+    let bad = check(&pb, &run(&bad_v, &pb, n, seed ^ 2));
+    println!(
+        "  control reject-all: halves {} | z {:.1} | lengths {}",
+        bad.halves, bad.acceptance_z, bad.lengths
+    );
+    assert!(
+        !bad.halves.passed(),
+        "the halves test must reject an always-reject sampler"
+    );
+    assert!(
+        bad.acceptance_z.abs() > 6.0,
+        "the acceptance test must reject an always-reject sampler"
+    );
+    assert!(
+        !bad.lengths.passed(),
+        "the length test must reject an always-reject sampler"
+    );
+    assert!(!bad.all_pass());
+}
+
+/// Negative control 2: residual noise shared with the accept draw. The problem is built so the
+/// correlation shows: the residual max(p − q, 0) splits evenly between tokens 0 and 4, and the
+/// likely rejections happen at large u, which (shared bits) makes token 0's noise large.
+fn shared_noise_control(gpu: Option<&Verifier>, n: usize, seed: u64) {
+    let p = [0.3f64, 0.2, 0.15, 0.05, 0.25, 0.05];
+    let q = [0.1f32, 0.25, 0.2, 0.05, 0.05, 0.35];
+    let ln_p: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
+    let pb = Problem {
+        vocab: 6,
+        k: 1,
+        temperature: 1.0,
+        mode: Mode::Probs,
+        target: vec![ln_p.clone(), ln_p],
+        draft: vec![q.to_vec()],
+        fixed: vec![0],
+    };
+    let good = check(&pb, &run(&cpu(), &pb, n, seed ^ 4));
+    assert!(
+        good.halves.passed(),
+        "the correct sampler passes this problem: {}",
+        good.halves
+    );
+    let bad_v = with_fault(gpu, Fault::SharedNoise).unwrap();
+    let bad = check(&pb, &run(&bad_v, &pb, n, seed ^ 3));
+    println!(
+        "control shared-noise on {}: halves {}",
+        bad_v.describe(),
+        bad.halves
+    );
+    assert!(
+        !bad.halves.passed(),
+        "the halves test must reject shared noise: {}",
+        bad.halves
+    );
+}
+
+const N_CPU: usize = 60_000;
+const N_GPU: usize = 40_000;
+
+#[test]
+fn one_hot_cpu() {
+    battery(Mode::OneHot, 1.0, None, N_CPU, 11);
+    battery(Mode::OneHot, 0.5, None, N_CPU, 12);
+}
+
+#[test]
+fn draft_probs_cpu() {
+    battery(Mode::Probs, 1.0, None, N_CPU, 21);
+    shared_noise_control(None, N_CPU, 22);
+}
+
+#[test]
+fn draft_logits_cpu() {
+    battery(Mode::Logits, 1.0, None, N_CPU, 31);
+    battery(Mode::Logits, 2.0, None, N_CPU, 32);
+}
+
+#[test]
+fn one_hot_gpu() {
+    let Some(g) = gpu() else { return };
+    battery(Mode::OneHot, 1.0, Some(g), N_GPU, 41);
+}
+
+#[test]
+fn draft_probs_gpu() {
+    let Some(g) = gpu() else { return };
+    battery(Mode::Probs, 1.0, Some(g), N_GPU, 51);
+    shared_noise_control(Some(g), N_GPU, 52);
+}
+
+#[test]
+fn draft_logits_gpu() {
+    let Some(g) = gpu() else { return };
+    battery(Mode::Logits, 0.7, Some(g), N_GPU, 61);
+}
