@@ -94,15 +94,15 @@ fn main() {
     let out = verifier.verify_blocking(&batch).expect("verify");
     let took = t0.elapsed();
     println!("\n req  rule        T    accepted  emitted tokens                      status");
-    for i in 0..r {
-        let rule = match (i, temps[i]) {
-            (6, _) => "synthetic",
-            (_, t) if t == 0.0 => "greedy",
+    for (i, &t) in temps.iter().enumerate() {
+        let rule = match requests[i].params.rule {
+            Rule::Synthetic => "synthetic",
+            _ if t == 0.0 => "greedy",
             _ => "rejection",
         };
         println!(
             " {i:>3}  {rule:<10} {:>4.1}  {:>4}/{k}    {:<36}{}",
-            temps[i],
+            t,
             out.accepted(i),
             format!("{:?}", out.emitted(i)),
             out.status[i]

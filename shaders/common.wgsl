@@ -186,8 +186,9 @@ fn uniform_open(bits: u32) -> f32 {
 
 // Exp(1) variate e = -ln(1 - w), w = bits / 2^32 truncated to 24 significant bits (exact in f32,
 // never 0, never 1). The winners of an exponential race have small e, i.e. small w, so w keeps
-// full relative precision near 0 (leading zeros are shifted out) and -ln(1 - w) uses its Taylor
-// series there; every step is exact integer work or a rounding the Rust twin reproduces.
+// full relative precision near 0 (leading zeros are shifted out) and -ln(1 - w) uses series
+// there; every step is exact integer work or a rounding the Rust twin reproduces (up to the
+// few-ulp freedom WGSL gives division and log).
 fn exp1_from_bits(bits: u32) -> f32 {
     var w: f32;
     if (bits == 0u) {
@@ -201,5 +202,16 @@ fn exp1_from_bits(bits: u32) -> f32 {
         // w + w^2/2 + w^3/3 + w^4/4 + w^5/5, relative error below w^5/6 < 2^-32
         return w * (1.0 + w * (0.5 + w * (0.33333334 + w * (0.25 + w * 0.2))));
     }
+    if (w < 0.5) {
+        // -ln(1 - w) = 2 atanh(z), z = w / (2 - w) <= 1/3: the odd series to z^15 is accurate
+        // to 4e-9 relative. GPU `log` is only accurate to an absolute 2^-21 near 1, i.e. many
+        // ulps of a small result, so it is not used here.
+        let z = w / (2.0 - w);
+        let z2 = z * z;
+        return 2.0 * z * (1.0 + z2 * (0.33333334 + z2 * (0.2 + z2 * (0.14285715 + z2 * (0.11111111
+            + z2 * (0.09090909 + z2 * (0.07692308 + z2 * 0.06666667)))))));
+    }
+    // 1 - w is exact here (w >= 0.5 has 24 significant bits) and log is accurate to a few ulp
+    // away from 1.
     return -log(1.0 - w);
 }

@@ -532,7 +532,7 @@ impl GpuBackend {
             ("draft", plan.total_drafts, dv, draft),
         ] {
             if let Some(b) = b {
-                if b.offset % 4 != 0 {
+                if !b.offset.is_multiple_of(4) {
                     return Err(Error::MisalignedOffset {
                         what,
                         offset: b.offset,

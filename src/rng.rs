@@ -72,7 +72,8 @@ pub fn uniform_open(bits: u32) -> f32 {
 /// The winners of the exponential race have small `e`, i.e. small `w`, so `w` keeps its full
 /// relative precision near 0 (leading zeros are shifted out before the 24 bits are taken) and
 /// `-ln(1 - w)` is its Taylor series `w + w²/2 + w³/3 + w⁴/4 + w⁵/5` below `2^-6` (relative
-/// error under `w⁵/6 < 2^-32`). Same operations, same order as the WGSL twin.
+/// error under `w⁵/6 < 2^-32`), the series of `2·atanh(w / (2 − w))` below 0.5, and `ln` only
+/// above. Same operations, same order as the WGSL twin.
 #[inline]
 pub fn exp1_from_bits(bits: u32) -> f32 {
     let w = if bits == 0 {
@@ -85,7 +86,20 @@ pub fn exp1_from_bits(bits: u32) -> f32 {
     };
     if w < 0.015_625 {
         w * (1.0 + w * (0.5 + w * (0.333_333_34 + w * (0.25 + w * 0.2))))
+    } else if w < 0.5 {
+        // -ln(1 - w) = 2·atanh(z), z = w / (2 - w) ≤ 1/3: odd series to z^15 (4e-9 relative).
+        // GPU `log` is accurate only to an absolute 2^-21 near 1, so neither side uses it here.
+        let z = w / (2.0 - w);
+        let z2 = z * z;
+        2.0 * z
+            * (1.0
+                + z2 * (0.333_333_34
+                    + z2 * (0.2
+                        + z2 * (0.142_857_15
+                            + z2 * (0.111_111_11
+                                + z2 * (0.090_909_09 + z2 * (0.076_923_08 + z2 * 0.066_666_67)))))))
     } else {
+        // 1 - w is exact (w ≥ 0.5 has 24 significant bits); ln is a few ulp away from 1.
         -(1.0 - w).ln()
     }
 }
@@ -149,6 +163,16 @@ mod tests {
         let below = exp1_from_bits((1 << 26) - 1) as f64;
         let above = exp1_from_bits(1 << 26) as f64;
         assert!((above - below).abs() < 1e-6, "{below} vs {above}");
+        // ... and across the atanh series / ln switch at w = 0.5 (bits = 2^31), against f64.
+        for bits in [(1u32 << 31) - 512, 1 << 31, 0x2000_0000, 0x0500_0000] {
+            let w = ((bits >> 8) as f64) / 16_777_216.0;
+            let exact = -(1.0 - w).ln();
+            let got = exp1_from_bits(bits) as f64;
+            assert!(
+                (got - exact).abs() / exact < 4e-7,
+                "bits {bits:#x}: {got} vs {exact}"
+            );
+        }
     }
 
     #[test]

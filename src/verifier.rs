@@ -400,7 +400,7 @@ fn out_words(plan: &Plan) -> usize {
 }
 
 fn check_options(opts: &VerifierOptions) -> Result<(), Error> {
-    if opts.block_len == 0 || opts.block_len % 4 != 0 {
+    if opts.block_len == 0 || !opts.block_len.is_multiple_of(4) {
         return Err(Error::BatchTooLarge {
             reason: format!(
                 "VerifierOptions::block_len {} must be a positive multiple of 4",

@@ -176,3 +176,50 @@ impl Owned {
         }
     }
 }
+
+/// Runs `f` on the CPU backend, then on the GPU (unless explicitly skipped).
+pub fn each_backend(f: impl Fn(&Verifier)) {
+    f(&cpu());
+    if let Some(g) = gpu() {
+        f(g);
+    }
+}
+
+/// One explicit request: parameters, drafts, target rows (drafts + 1).
+pub type ExplicitRequest = (SamplingParams, Vec<i32>, Vec<Vec<f32>>);
+
+/// Builds a batch from explicit rows: each request is (params, drafts, target rows).
+pub fn explicit(vocab: u32, reqs: &[ExplicitRequest]) -> Owned {
+    let mut o = Owned {
+        vocab,
+        requests: Vec::new(),
+        drafts: Vec::new(),
+        target: Vec::new(),
+        draft_kind: 0,
+        draft: Vec::new(),
+        rates: None,
+    };
+    for (i, (params, drafts, rows)) in reqs.iter().enumerate() {
+        assert_eq!(rows.len(), drafts.len() + 1);
+        o.requests.push(Request {
+            num_drafts: drafts.len() as u32,
+            params: *params,
+            position: 10 * i as u64,
+        });
+        o.drafts.extend(drafts);
+        for row in rows {
+            assert_eq!(row.len(), vocab as usize);
+            o.target.extend(row);
+        }
+    }
+    o
+}
+
+/// A row of `vocab` logits with the given (index, value) set and `rest` elsewhere.
+pub fn row(vocab: usize, rest: f32, set: &[(usize, f32)]) -> Vec<f32> {
+    let mut r = vec![rest; vocab];
+    for &(i, v) in set {
+        r[i] = v;
+    }
+    r
+}

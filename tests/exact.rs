@@ -1,0 +1,327 @@
+//! Exact cases with known answers (SPEC §4 "exact oracles"), each on the CPU backend and on the
+//! GPU: greedy paths, -1 drafts, zero-draft requests beside many, one-hot targets, disjoint
+//! supports, p == q, forced synthetic outcomes, non-finite rows, empty residuals, 128 drafts.
+
+mod common;
+use common::*;
+use specdec::{Rule, SamplingParams, Status, Verifier};
+
+const NEG: f32 = f32::NEG_INFINITY;
+
+fn greedy() -> SamplingParams {
+    SamplingParams::greedy()
+}
+
+#[test]
+fn greedy_accept_and_reject_paths() {
+    each_backend(|v: &Verifier| {
+        let rows = vec![
+            row(10, 0.0, &[(3, 5.0)]),
+            row(10, 0.0, &[(7, 5.0)]),
+            row(10, 0.0, &[(1, 5.0)]),
+            row(10, 0.0, &[(9, 5.0)]),
+        ];
+        let b = explicit(
+            10,
+            &[
+                (greedy(), vec![3, 7, 1], rows.clone()), // all accepted + bonus
+                (greedy(), vec![3, 7, 2], rows.clone()), // last rejected
+                (greedy(), vec![4, 7, 1], rows.clone()), // first rejected
+                (greedy(), vec![3, 0, 1], rows),         // middle rejected
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.emitted(0), &[3, 7, 1, 9], "{}", v.describe());
+        assert_eq!(out.emitted(1), &[3, 7, 1]);
+        assert_eq!(out.emitted(2), &[3]);
+        assert_eq!(out.emitted(3), &[3, 7]);
+        assert_eq!(out.stride, 4);
+        assert_eq!(
+            &out.tokens[8..12],
+            &[3, -1, -1, -1],
+            "padding after the emitted tokens"
+        );
+        assert!(out.status.iter().all(|s| s.is_ok()));
+    });
+}
+
+#[test]
+fn greedy_ties_go_to_the_lowest_index() {
+    each_backend(|v: &Verifier| {
+        let r = row(9000, 0.0, &[(5000, 2.0), (8999, 2.0), (4100, 2.0)]);
+        let b = explicit(
+            9000,
+            &[
+                (greedy(), vec![], vec![r.clone()]),
+                (greedy(), vec![5000], vec![r.clone(), r]),
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.emitted(0), &[4100]);
+        assert_eq!(
+            out.emitted(1),
+            &[4100],
+            "5000 ties with 4100 but is not the lowest index"
+        );
+    });
+}
+
+#[test]
+fn minus_one_drafts_are_always_rejected() {
+    each_backend(|v: &Verifier| {
+        // p puts all mass on token 2: a real draft of 2 would always be accepted.
+        let rows = vec![row(6, NEG, &[(2, 0.0)]), row(6, NEG, &[(2, 0.0)])];
+        let b = explicit(
+            6,
+            &[
+                (greedy(), vec![-1], rows.clone()),
+                (SamplingParams::seeded(1.0, 5), vec![-1], rows.clone()),
+                (SamplingParams::seeded(1.0, 6), vec![2], rows),
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.emitted(0), &[2]);
+        assert_eq!(out.emitted(1), &[2], "rejected -1, resampled from p");
+        assert_eq!(
+            out.emitted(2),
+            &[2, 2],
+            "a real draft of the certain token is accepted"
+        );
+    });
+}
+
+#[test]
+fn zero_draft_requests_beside_requests_with_many() {
+    each_backend(|v: &Verifier| {
+        let vocab = 40;
+        let mut g = Gen::new(3);
+        let mut reqs = Vec::new();
+        for &k in &[0usize, 128, 0, 5] {
+            let rows: Vec<Vec<f32>> = (0..=k).map(|_| g.logits(vocab, 2.0)).collect();
+            // Greedy drafts equal to each row's argmax: all accepted.
+            let drafts = rows[..k]
+                .iter()
+                .map(|r| (0..vocab).fold(0, |b, j| if r[j] > r[b] { j } else { b }) as i32)
+                .collect();
+            reqs.push((greedy(), drafts, rows));
+        }
+        let b = explicit(vocab as u32, &reqs);
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.num_emitted, vec![1, 129, 1, 6]);
+        assert_eq!(out.stride, 129);
+        for r in [0, 2] {
+            assert!(out.tokens[r * 129 + 1..(r + 1) * 129]
+                .iter()
+                .all(|&t| t == -1));
+        }
+        assert_eq!(&out.emitted(1)[..128], &b.drafts[..128]);
+    });
+}
+
+#[test]
+fn one_hot_targets_are_certain() {
+    each_backend(|v: &Verifier| {
+        let certain = |t: usize| row(8, NEG, &[(t, 1.5)]);
+        let mut reqs = Vec::new();
+        for seed in 0..20u64 {
+            // Draft of the certain token: accepted; any other draft: rejected, resampled to it.
+            reqs.push((
+                SamplingParams::seeded(1.0, seed),
+                vec![4, 6],
+                vec![certain(4), certain(1), certain(7)],
+            ));
+        }
+        let out = v.verify_blocking(&explicit(8, &reqs).batch()).unwrap();
+        for r in 0..20 {
+            assert_eq!(out.emitted(r), &[4, 1], "{}", v.describe());
+        }
+    });
+}
+
+#[test]
+fn disjoint_supports_always_reject_and_resample_from_p() {
+    each_backend(|v: &Verifier| {
+        let vocab = 6;
+        let p_row = row(vocab, NEG, &[(0, 0.0), (1, 0.5), (2, 1.0)]);
+        let q = [0.0f32, 0.0, 0.0, 0.2, 0.3, 0.5];
+        let mut b = explicit(vocab as u32, &[]);
+        let mut g = Gen::new(9);
+        for r in 0..200u64 {
+            b.requests.push(specdec::Request {
+                num_drafts: 1,
+                params: SamplingParams::seeded(1.0, r),
+                position: r,
+            });
+            b.drafts.push(3 + g.below(3) as i32);
+            b.target.extend(&p_row);
+            b.target.extend(&p_row);
+            b.draft.extend(q);
+        }
+        b.draft_kind = 1;
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        let mut seen = [0; 3];
+        for r in 0..200 {
+            let e = out.emitted(r);
+            assert_eq!(e.len(), 1, "a draft outside p's support is never accepted");
+            assert!((0..3).contains(&e[0]), "the residual is p's support");
+            seen[e[0] as usize] += 1;
+        }
+        assert!(
+            seen.iter().all(|&c| c > 10),
+            "all of p's support is sampled: {seen:?}"
+        );
+    });
+}
+
+#[test]
+fn equal_distributions_always_accept() {
+    each_backend(|v: &Verifier| {
+        let mut g = Gen::new(4);
+        let mut b = Owned::random(
+            &mut g,
+            300,
+            &[4, 4, 4, 4, 4, 4, 4, 4],
+            &[1.0, 0.6, 1.7],
+            2,
+            0.5,
+        );
+        // Draft logits identical to the target rows: q == p bit for bit, so u·q < p always.
+        let v_ = 300;
+        let mut draft = Vec::new();
+        for r in 0..8 {
+            let base = r * 5 * v_;
+            draft.extend_from_slice(&b.target[base..base + 4 * v_]);
+        }
+        b.draft = draft;
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.num_emitted, vec![5; 8], "{}", v.describe());
+    });
+}
+
+#[test]
+fn synthetic_rates_zero_and_one_force_the_outcome() {
+    each_backend(|v: &Verifier| {
+        let mut g = Gen::new(5);
+        let mut b = Owned::random(&mut g, 100, &[3, 3, 3, 3], &[1.0, 0.0], 0, 0.0);
+        for r in &mut b.requests {
+            r.params.rule = Rule::Synthetic;
+        }
+        b.rates = Some(vec![
+            1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0,
+        ]);
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.num_emitted, vec![4, 1, 2, 3], "{}", v.describe());
+        assert_eq!(
+            &out.emitted(0)[..3],
+            &b.drafts[..3],
+            "synthetic acceptance keeps the drafts"
+        );
+    });
+}
+
+#[test]
+fn non_finite_rows_give_a_status_and_an_in_range_token() {
+    each_backend(|v: &Verifier| {
+        let fine = row(7, 0.0, &[(2, 3.0)]);
+        let nan = row(7, 0.0, &[(1, f32::NAN), (5, 1.0)]);
+        let all_neg = row(7, NEG, &[]);
+        let pos_inf = row(7, 0.0, &[(6, f32::INFINITY), (3, 1.0)]);
+        let t1 = SamplingParams::seeded(1.0, 1);
+        let b = explicit(
+            7,
+            &[
+                // Row 0 is certain (p(2) = 1), so the request always reaches the NaN row.
+                (
+                    t1,
+                    vec![2, 2],
+                    vec![row(7, NEG, &[(2, 3.0)]), nan.clone(), fine.clone()],
+                ),
+                (greedy(), vec![2], vec![fine.clone(), all_neg.clone()]),
+                (t1, vec![], vec![pos_inf]),
+                (t1, vec![], vec![all_neg]),
+                (greedy(), vec![], vec![fine]),
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert!(out.status[0].contains(Status::TARGET_NONFINITE));
+        assert_eq!(
+            out.emitted(0),
+            &[2, 5],
+            "NaN counts as -inf; the finite argmax is emitted"
+        );
+        assert_eq!(
+            out.emitted(1),
+            &[2, 0],
+            "greedy accepts, then the all -inf bonus row gives index 0"
+        );
+        assert!(out.status[1].contains(Status::TARGET_NONFINITE));
+        assert_eq!(out.emitted(2), &[6], "+inf wins");
+        assert_eq!(out.emitted(3), &[0]);
+        assert!(out.status[4].is_ok(), "a healthy neighbour is unaffected");
+        assert_eq!(out.emitted(4), &[2]);
+    });
+}
+
+#[test]
+fn non_finite_draft_logits_reject_and_resample_from_p() {
+    each_backend(|v: &Verifier| {
+        let p = row(5, NEG, &[(1, 0.0), (3, 0.0)]);
+        let mut b = explicit(
+            5,
+            &[(SamplingParams::seeded(1.0, 2), vec![1], vec![p.clone(), p])],
+        );
+        b.draft_kind = 2;
+        b.draft = row(5, 0.0, &[(0, f32::NAN)]);
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert!(out.status[0].contains(Status::DRAFT_NONFINITE));
+        assert_eq!(out.num_emitted[0], 1);
+        assert!([1, 3].contains(&out.emitted(0)[0]));
+    });
+}
+
+#[test]
+fn empty_residual_falls_back_to_p() {
+    each_backend(|v: &Verifier| {
+        // Unnormalised q >= p everywhere: a rejection leaves max(p - q, 0) = 0.
+        let p = row(2, 0.0, &[]);
+        let mut reqs = Vec::new();
+        for s in 0..64 {
+            reqs.push((
+                SamplingParams::seeded(1.0, s),
+                vec![0],
+                vec![p.clone(), p.clone()],
+            ));
+        }
+        let mut b = explicit(2, &reqs);
+        b.draft_kind = 1;
+        b.draft = [0.9f32, 0.9].repeat(64);
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        let rejected: Vec<usize> = (0..64).filter(|&r| out.num_emitted[r] == 1).collect();
+        assert!(
+            !rejected.is_empty() && rejected.len() < 64,
+            "accept rate 0.5/0.9: {}",
+            rejected.len()
+        );
+        for r in 0..64 {
+            assert_eq!(
+                out.status[r].contains(Status::EMPTY_RESIDUAL),
+                rejected.contains(&r)
+            );
+            assert!((0..2).contains(&out.emitted(r)[0]));
+        }
+    });
+}
+
+#[test]
+fn vocab_sizes_around_the_block_length_match_the_twin() {
+    let Some(g) = gpu() else { return };
+    let mut gen = Gen::new(8);
+    for vocab in [1u32, 3, 4095, 4096, 4097, 8193] {
+        for kind in 0..3u8 {
+            let b = Owned::random(&mut gen, vocab, &[2, 0, 3], &[0.0, 1.0, 0.8], kind, 0.7);
+            let a = cpu().verify_blocking(&b.batch()).unwrap();
+            let c = g.verify_blocking(&b.batch()).unwrap();
+            assert_eq!(a, c, "vocab {vocab} kind {kind}");
+        }
+    }
+}
