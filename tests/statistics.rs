@@ -114,11 +114,11 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
                 params: SamplingParams::seeded(pb.temperature, g.u64()),
                 position: g.u64() % 1_000_000,
             });
-            for i in 0..pb.k {
+            for (i, q) in qs.iter().enumerate() {
                 drafts.push(if pb.mode == Mode::OneHot {
                     pb.fixed[i]
                 } else {
-                    g.sample(&qs[i]) as i32
+                    g.sample(q) as i32
                 });
                 if pb.mode != Mode::OneHot {
                     draft.extend_from_slice(&pb.draft[i]);
