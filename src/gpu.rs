@@ -309,6 +309,10 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
             layout_entry(1, storage(true)),
             layout_entry(2, storage(false)),
         ],
+        Kernel::ReadBandwidth => vec![
+            layout_entry(0, storage(true)),
+            layout_entry(1, storage(false)),
+        ],
     }
 }
 
@@ -519,6 +523,7 @@ impl GpuBackend {
         plan: &Plan,
         target: GpuRows<'_>,
         draft: Option<GpuRows<'_>>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> Result<(), Error> {
         self.check_alive()?;
         let v = u64::from(plan.vocab);
@@ -699,7 +704,7 @@ impl GpuBackend {
             {
                 let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("specdec.verify_pass"),
-                    timestamp_writes: None,
+                    timestamp_writes: timestamps,
                 });
                 if !windows.is_empty() {
                     pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
@@ -853,8 +858,32 @@ impl GpuBackend {
             buffer: b,
             offset: 0,
         });
-        self.record(&mut encoder, ws, plan, t, d)?;
+        self.record(&mut encoder, ws, plan, t, d, None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()]))
+    }
+
+    /// Records the read-bandwidth kernel over all of `data` (a multiple of 16 bytes) with
+    /// `workgroups` workgroups, optionally timed.
+    pub(crate) fn record_read_bandwidth(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        data: &wgpu::Buffer,
+        sink: &wgpu::Buffer,
+        workgroups: u32,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) {
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("specdec.read_bandwidth"),
+            layout: &self.layouts[&Kernel::ReadBandwidth],
+            entries: &[entry(0, data), entry(1, sink)],
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("specdec.read_bandwidth"),
+            timestamp_writes: timestamps,
+        });
+        pass.set_pipeline(self.pipeline(Kernel::ReadBandwidth, "main"));
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(workgroups, 1, 1);
     }
 
     /// Runs the rng_check kernel: for each counter (quad, pos_lo, stream, pos_hi) under `seed`,

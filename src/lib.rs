@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+pub mod bench;
 mod cpu;
 mod error;
 mod gpu;

@@ -16,15 +16,18 @@ pub enum Kernel {
     ResidualArgmax,
     /// Test kernel: Philox words and noise for given counters (`shaders/rng_check.wgsl`).
     RngCheck,
+    /// Benchmark kernel: the read-bandwidth ceiling (`shaders/read_bandwidth.wgsl`).
+    ReadBandwidth,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 4] = [
+    pub const ALL: [Kernel; 5] = [
         Kernel::RowStats,
         Kernel::Verify,
         Kernel::ResidualArgmax,
         Kernel::RngCheck,
+        Kernel::ReadBandwidth,
     ];
 
     /// The kernel's name: its file stem and the prefix of its pipeline labels.
@@ -34,6 +37,7 @@ impl Kernel {
             Kernel::Verify => "verify",
             Kernel::ResidualArgmax => "residual_argmax",
             Kernel::RngCheck => "rng_check",
+            Kernel::ReadBandwidth => "read_bandwidth",
         }
     }
 
@@ -44,6 +48,7 @@ impl Kernel {
             Kernel::Verify => include_str!("../shaders/verify.wgsl"),
             Kernel::ResidualArgmax => include_str!("../shaders/residual_argmax.wgsl"),
             Kernel::RngCheck => include_str!("../shaders/rng_check.wgsl"),
+            Kernel::ReadBandwidth => include_str!("../shaders/read_bandwidth.wgsl"),
         }
     }
 
@@ -54,6 +59,7 @@ impl Kernel {
             Kernel::Verify => &["main"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],
+            Kernel::ReadBandwidth => &["main"],
         }
     }
 

@@ -173,6 +173,13 @@ impl Verifier {
         }
     }
 
+    pub(crate) fn gpu_backend(&self) -> Option<&GpuBackend> {
+        match &self.backend {
+            Backend::Gpu(g) => Some(g),
+            Backend::Cpu(_) => None,
+        }
+    }
+
     /// True when this verifier runs on a GPU.
     pub fn is_gpu(&self) -> bool {
         matches!(self.backend, Backend::Gpu(_))
@@ -318,6 +325,18 @@ impl Verifier {
         encoder: &mut wgpu::CommandEncoder,
         batch: &GpuVerifyBatch<'_>,
     ) -> Result<PendingVerify, Error> {
+        self.record_timed(encoder, batch, None)
+    }
+
+    /// [`Verifier::record`] with GPU timestamps written at the beginning and the end of the one
+    /// compute pass that holds every dispatch of the verification (for profiling; the device
+    /// needs `Features::TIMESTAMP_QUERY`).
+    pub fn record_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        batch: &GpuVerifyBatch<'_>,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<PendingVerify, Error> {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
         };
@@ -335,7 +354,14 @@ impl Verifier {
         })?;
         let mut ws = g.take_workspace();
         if plan.num_requests() > 0 {
-            if let Err(e) = g.record(encoder, &mut ws, &plan, batch.target_logits, draft) {
+            if let Err(e) = g.record(
+                encoder,
+                &mut ws,
+                &plan,
+                batch.target_logits,
+                draft,
+                timestamps,
+            ) {
                 g.give_back(ws);
                 return Err(e);
             }

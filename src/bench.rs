@@ -1,0 +1,1107 @@
+//! The benchmark of the verify step (issue 5), shared by `benches/verify.rs` and the `specdec
+//! bench` command: one code path. For each grid point it first checks the GPU result against the
+//! CPU twin on that input, then times the GPU work with timestamp queries (median of `reps` after
+//! warm-up) and whole calls (metadata upload, encode, submit, readback), and compares with the
+//! memory-bandwidth ceilings measured by the same run and with vLLM's anchors on an H200.
+
+use crate::{
+    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier,
+    VerifierOptions, VerifyBatch, VerifyOutput,
+};
+use std::fmt::Write as _;
+use std::time::Instant;
+
+/// vLLM's measured kernels on one H200 (`shared/anchors/vllm-h200.csv`), embedded so the binary
+/// is self-contained.
+pub const ANCHORS_CSV: &str = include_str!("../benches/anchors/vllm-h200.csv");
+
+/// What a grid point verifies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchMode {
+    /// Temperature 0, argmax verification.
+    Greedy,
+    /// Temperature 1, draft probabilities (Σk rows × V).
+    DraftProbs,
+    /// Temperature 1, draft logits (Σk rows × V).
+    DraftLogits,
+    /// Temperature 1, one-hot drafts (no draft rows).
+    OneHot,
+}
+
+impl BenchMode {
+    /// Every mode.
+    pub const ALL: [BenchMode; 4] = [
+        BenchMode::Greedy,
+        BenchMode::DraftProbs,
+        BenchMode::DraftLogits,
+        BenchMode::OneHot,
+    ];
+    /// Name in tables and CSV.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchMode::Greedy => "greedy",
+            BenchMode::DraftProbs => "draft_probs",
+            BenchMode::DraftLogits => "draft_logits",
+            BenchMode::OneHot => "one_hot",
+        }
+    }
+    /// The anchors' mode this one is compared with.
+    pub fn anchor_mode(self) -> &'static str {
+        match self {
+            BenchMode::Greedy => "greedy",
+            BenchMode::DraftProbs | BenchMode::DraftLogits => "random_with_draft_probs",
+            BenchMode::OneHot => "random_ngram",
+        }
+    }
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<BenchMode> {
+        BenchMode::ALL.into_iter().find(|m| m.name() == s)
+    }
+    fn has_draft_rows(self) -> bool {
+        matches!(self, BenchMode::DraftProbs | BenchMode::DraftLogits)
+    }
+}
+
+/// The grid and the repetitions.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Requests per batch (R).
+    pub batches: Vec<u32>,
+    /// Drafts per request (k).
+    pub ks: Vec<u32>,
+    /// Vocabulary sizes (V).
+    pub vocabs: Vec<u32>,
+    /// Modes.
+    pub modes: Vec<BenchMode>,
+    /// Timed repetitions per point (median reported).
+    pub reps: usize,
+    /// Untimed repetitions first.
+    pub warmup: usize,
+    /// Repetitions of the copy-to-host + CPU baseline (0: skip it).
+    pub baseline_reps: usize,
+    /// The baseline is slow (seconds per point at large shapes): it runs at this k only …
+    pub baseline_k: u32,
+    /// … and this vocabulary only (every R and mode).
+    pub baseline_vocab: u32,
+}
+
+impl BenchConfig {
+    /// The full grid of issue 5 (the anchors' grid).
+    pub fn full() -> Self {
+        BenchConfig {
+            batches: vec![1, 8, 32, 128],
+            ks: vec![1, 4, 8],
+            vocabs: vec![32000, 128256, 151936, 262144],
+            modes: BenchMode::ALL.to_vec(),
+            reps: 50,
+            warmup: 5,
+            baseline_reps: 3,
+            baseline_k: 4,
+            baseline_vocab: 151_936,
+        }
+    }
+    /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
+    pub fn quick() -> Self {
+        BenchConfig {
+            batches: vec![1, 8, 32],
+            ks: vec![1, 4],
+            vocabs: vec![32000],
+            modes: BenchMode::ALL.to_vec(),
+            reps: 5,
+            warmup: 1,
+            baseline_reps: 0,
+            baseline_k: 4,
+            baseline_vocab: 32_000,
+        }
+    }
+}
+
+/// One measured grid point.
+#[derive(Clone, Debug)]
+pub struct BenchRow {
+    /// Mode.
+    pub mode: BenchMode,
+    /// R.
+    pub batch: u32,
+    /// k.
+    pub k: u32,
+    /// V.
+    pub vocab: u32,
+    /// Median GPU time of one verify call from timestamp queries, µs (CPU backend: wall time).
+    pub gpu_us: f64,
+    /// Median whole call (metadata upload, encode, submit, wait, readback), µs.
+    pub call_us: f64,
+    /// Bytes of logits the call must read once.
+    pub bytes: u64,
+    /// bytes / gpu_us.
+    pub gbps: f64,
+    /// Median of copying the logits to host memory and verifying there with the CPU twin, µs.
+    pub baseline_us: Option<f64>,
+    /// Requests whose tokens differed from the CPU twin (0 expected; only near-threshold random
+    /// decisions may differ).
+    pub mismatches: usize,
+    /// The anchor's (vLLM MRV2) `graph_us` and `median_us` at this point, if it has one.
+    pub anchor: Option<(f64, f64)>,
+}
+
+/// The result of a run.
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    /// Adapter name (or "CPU backend").
+    pub adapter: String,
+    /// Backend (Vulkan, Metal, …, or cpu).
+    pub backend: String,
+    /// UTC date of the run, YYYY-MM-DD.
+    pub date: String,
+    /// Device-to-device copy bandwidth, GB/s, counting bytes read + written.
+    pub copy_gbps: f64,
+    /// Read bandwidth of a plain 16-byte-load reduction kernel, GB/s (the realistic ceiling).
+    pub read_gbps: f64,
+    /// Whether GPU times come from timestamp queries.
+    pub timestamps: bool,
+    /// The points.
+    pub rows: Vec<BenchRow>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// UTC date from the system clock (civil-from-days, proleptic Gregorian).
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The anchor (vLLM MRV2) for a point: (graph_us, median_us).
+pub fn anchor(mode: BenchMode, batch: u32, k: u32, vocab: u32) -> Option<(f64, f64)> {
+    ANCHORS_CSV.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split(',').collect();
+        (f.len() >= 7
+            && f[0] == "vllm_mrv2"
+            && f[1] == mode.anchor_mode()
+            && f[2].parse() == Ok(batch)
+            && f[3].parse() == Ok(k)
+            && f[4].parse() == Ok(vocab))
+        .then(|| Some((f[6].parse().ok()?, f[5].parse().ok()?)))
+        .flatten()
+    })
+}
+
+/// Fills `out` with `scale`·N(0, 1) in parallel (Box–Muller over Philox words, deterministic).
+fn fill_normal(out: &mut [f32], seed: u64, scale: f32) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = out.len().div_ceil(threads).max(1).next_multiple_of(2);
+    std::thread::scope(|s| {
+        for (c, chunk) in out.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (i, pair) in chunk.chunks_mut(2).enumerate() {
+                    let w = crate::rng::philox4x32_10(
+                        [i as u32, c as u32, 7, 0],
+                        [seed as u32, (seed >> 32) as u32],
+                    );
+                    let u1 = crate::rng::uniform_open(w[0]) as f64;
+                    let u2 = crate::rng::uniform_open(w[1]) as f64;
+                    let r = (-2.0 * u1.ln()).sqrt();
+                    let t = std::f64::consts::TAU * u2;
+                    pair[0] = scale * (r * t.cos()) as f32;
+                    if pair.len() > 1 {
+                        pair[1] = scale * (r * t.sin()) as f32;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Row-wise softmax of `logits` (rows of `v`) into `out`, in parallel.
+fn softmax_rows(logits: &[f32], v: usize, out: &mut Vec<f32>) {
+    out.resize(logits.len(), 0.0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rows = logits.len() / v;
+    let per_rows = rows.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (src, dst) in logits
+            .chunks(per_rows * v)
+            .zip(out.chunks_mut(per_rows * v))
+        {
+            s.spawn(move || {
+                for (a, b) in src.chunks(v).zip(dst.chunks_mut(v)) {
+                    let m = a.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0f64;
+                    for (x, y) in a.iter().zip(b.iter_mut()) {
+                        *y = (x - m).exp();
+                        sum += *y as f64;
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    b.iter_mut().for_each(|y| *y *= inv);
+                }
+            });
+        }
+    });
+}
+
+/// Drafts like the anchors': the row's argmax with probability 0.7, otherwise a uniform token.
+fn drafts_for(target: &[f32], v: usize, r: usize, k: usize, seed: u64) -> Vec<i32> {
+    let mut d = Vec::with_capacity(r * k);
+    for req in 0..r {
+        for i in 0..k {
+            let row = &target[(req * (k + 1) + i) * v..][..v];
+            let w = crate::rng::philox4x32_10([req as u32, i as u32, 9, 0], [seed as u32, 0]);
+            let token = if crate::rng::uniform_open(w[0]) < 0.7 {
+                (0..v).fold(0, |b, j| if row[j] > row[b] { j } else { b })
+            } else {
+                w[1] as usize % v
+            };
+            d.push(token as i32);
+        }
+    }
+    d
+}
+
+fn requests_for(mode: BenchMode, r: usize, k: u32) -> Vec<Request> {
+    let t = if mode == BenchMode::Greedy { 0.0 } else { 1.0 };
+    (0..r)
+        .map(|i| Request {
+            num_drafts: k,
+            params: SamplingParams::seeded(t, 1000 + i as u64),
+            position: 64 * i as u64,
+        })
+        .collect()
+}
+
+fn mismatches(a: &VerifyOutput, b: &VerifyOutput) -> usize {
+    (0..a.len())
+        .filter(|&r| a.emitted(r) != b.emitted(r))
+        .count()
+}
+
+/// Runs the grid on the GPU chosen like `Verifier::new` (timestamps when the adapter has them).
+/// `progress` receives one line per finished point.
+pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<BenchReport, Error> {
+    let adapter = crate::gpu::select_adapter()?;
+    let info = adapter.get_info();
+    let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+    let limits = crate::gpu::required_limits(&adapter.limits())?;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("specdec.bench"),
+        required_features: if timestamps {
+            wgpu::Features::TIMESTAMP_QUERY
+        } else {
+            wgpu::Features::empty()
+        },
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .map_err(|e| Error::RequestDevice {
+        detail: e.to_string(),
+    })?;
+    let verifier =
+        Verifier::with_device(device.clone(), queue.clone(), VerifierOptions::default())?;
+    let cpu = Verifier::cpu(VerifierOptions::default());
+    let period_ns = f64::from(queue.get_timestamp_period());
+
+    let max_r = *cfg.batches.iter().max().unwrap_or(&1) as usize;
+    let max_k = *cfg.ks.iter().max().unwrap_or(&1) as usize;
+    let max_v = *cfg.vocabs.iter().max().unwrap_or(&1) as usize;
+    let t_len = max_r * (max_k + 1) * max_v;
+    let d_len = max_r * max_k * max_v;
+    progress(&format!(
+        "generating {:.2} GB of logits (2·N(0,1))",
+        ((t_len + d_len) * 4) as f64 / 1e9
+    ));
+    let mut host_t = vec![0f32; t_len];
+    fill_normal(&mut host_t, 1, 2.0);
+    let mut host_d = vec![0f32; d_len];
+    fill_normal(&mut host_d, 2, 2.0);
+    let storage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let make = |label, bytes: usize| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes as u64).max(16).next_multiple_of(16),
+            usage: storage,
+            mapped_at_creation: false,
+        })
+    };
+    let t_buf = make("bench.target", t_len * 4);
+    let d_buf = make("bench.draft_logits", d_len * 4);
+    let p_buf = make("bench.draft_probs", d_len * 4);
+    queue.write_buffer(&t_buf, 0, bytemuck::cast_slice(&host_t));
+    queue.write_buffer(&d_buf, 0, bytemuck::cast_slice(&host_d));
+    queue.submit([]);
+
+    // Ceilings: device-to-device copy (read + write bytes) and a plain read kernel.
+    let (copy_gbps, read_gbps) = ceilings(&verifier, &t_buf, timestamps, period_ns)?;
+    progress(&format!(
+        "{}: copy {copy_gbps:.0} GB/s (read+write), read kernel {read_gbps:.0} GB/s",
+        info.name
+    ));
+
+    let query = timestamps.then(|| {
+        device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("bench.timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * cfg.reps.max(1) as u32,
+        })
+    });
+    let q_bytes = 16 * cfg.reps.max(1) as u64;
+    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.resolve"),
+        size: q_bytes,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let q_read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.resolve_read"),
+        size: q_bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+
+    let mut rows = Vec::new();
+    let mut probs = Vec::new();
+    for &v in &cfg.vocabs {
+        for &k in &cfg.ks {
+            for &r in &cfg.batches {
+                let (vu, ru, ku) = (v as usize, r as usize, k as usize);
+                let n_t = ru * (ku + 1) * vu;
+                let n_d = ru * ku * vu;
+                let target = &host_t[..n_t];
+                let drafts = drafts_for(
+                    target,
+                    vu,
+                    ru,
+                    ku,
+                    u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
+                );
+                for &mode in &cfg.modes {
+                    let requests = requests_for(mode, ru, k);
+                    let draft_host: Option<&[f32]> = match mode {
+                        BenchMode::DraftProbs => {
+                            softmax_rows(&host_d[..n_d], vu, &mut probs);
+                            queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
+                            Some(&probs)
+                        }
+                        BenchMode::DraftLogits => Some(&host_d[..n_d]),
+                        _ => None,
+                    };
+                    let gpu_batch = GpuVerifyBatch {
+                        vocab_size: v,
+                        requests: &requests,
+                        draft_token_ids: &drafts,
+                        target_logits: GpuRows {
+                            buffer: &t_buf,
+                            offset: 0,
+                        },
+                        draft: match mode {
+                            BenchMode::DraftProbs => GpuDraft::Probs(GpuRows {
+                                buffer: &p_buf,
+                                offset: 0,
+                            }),
+                            BenchMode::DraftLogits => GpuDraft::Logits(GpuRows {
+                                buffer: &d_buf,
+                                offset: 0,
+                            }),
+                            _ => GpuDraft::OneHot,
+                        },
+                        synthetic_rates: None,
+                    };
+                    let host_batch = VerifyBatch {
+                        vocab_size: v,
+                        requests: &requests,
+                        draft_token_ids: &drafts,
+                        target_logits: target,
+                        draft: match (mode, draft_host) {
+                            (BenchMode::DraftProbs, Some(d)) => Draft::Probs(d),
+                            (BenchMode::DraftLogits, Some(d)) => Draft::Logits(d),
+                            _ => Draft::OneHot,
+                        },
+                        synthetic_rates: None,
+                    };
+                    // 1. Correctness first: the GPU against the CPU twin on this input.
+                    let one_call = || -> Result<VerifyOutput, Error> {
+                        let mut enc = device.create_command_encoder(&Default::default());
+                        let pending = verifier.record(&mut enc, &gpu_batch)?;
+                        queue.submit([enc.finish()]);
+                        verifier.read_blocking(pending)
+                    };
+                    let got = one_call()?;
+                    let want = cpu.verify_blocking(&host_batch)?;
+                    let bad = mismatches(&got, &want);
+                    // 2. Whole calls.
+                    for _ in 0..cfg.warmup {
+                        one_call()?;
+                    }
+                    let mut calls = Vec::with_capacity(cfg.reps);
+                    for _ in 0..cfg.reps {
+                        let t0 = Instant::now();
+                        one_call()?;
+                        calls.push(t0.elapsed().as_secs_f64() * 1e6);
+                    }
+                    // 3. GPU time from timestamps around the verify pass.
+                    let gpu_us = match &query {
+                        Some(qs) => {
+                            for i in 0..cfg.reps {
+                                let mut enc = device.create_command_encoder(&Default::default());
+                                let pending = verifier.record_timed(
+                                    &mut enc,
+                                    &gpu_batch,
+                                    Some(wgpu::ComputePassTimestampWrites {
+                                        query_set: qs,
+                                        beginning_of_pass_write_index: Some(2 * i as u32),
+                                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                                    }),
+                                )?;
+                                queue.submit([enc.finish()]);
+                                verifier.read_blocking(pending)?;
+                            }
+                            let mut enc = device.create_command_encoder(&Default::default());
+                            enc.resolve_query_set(qs, 0..2 * cfg.reps as u32, &resolve, 0);
+                            enc.copy_buffer_to_buffer(&resolve, 0, &q_read, 0, q_bytes);
+                            let idx = queue.submit([enc.finish()]);
+                            let ticks = map_u64(&device, &q_read, idx)?;
+                            let mut t: Vec<f64> = ticks
+                                .chunks(2)
+                                .map(|c| c[1].wrapping_sub(c[0]) as f64 * period_ns / 1e3)
+                                .collect();
+                            median(&mut t)
+                        }
+                        None => median(&mut calls.clone()),
+                    };
+                    let call_us = median(&mut calls);
+                    // 4. The baseline users have today: copy the logits to the host, verify there.
+                    let baseline_us =
+                        (cfg.baseline_reps > 0 && k == cfg.baseline_k && v == cfg.baseline_vocab)
+                            .then(|| {
+                                baseline(
+                                    &device,
+                                    &queue,
+                                    &cpu,
+                                    &host_batch,
+                                    &t_buf,
+                                    n_t,
+                                    mode,
+                                    &d_buf,
+                                    &p_buf,
+                                    n_d,
+                                    cfg.baseline_reps,
+                                )
+                            })
+                            .transpose()?;
+                    let bytes = ((n_t + if mode.has_draft_rows() { n_d } else { 0 }) * 4) as u64;
+                    let row = BenchRow {
+                        mode,
+                        batch: r,
+                        k,
+                        vocab: v,
+                        gpu_us,
+                        call_us,
+                        bytes,
+                        gbps: bytes as f64 / gpu_us / 1e3,
+                        baseline_us,
+                        mismatches: bad,
+                        anchor: anchor(mode, r, k, v),
+                    };
+                    progress(&row_line(&row, read_gbps));
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(BenchReport {
+        adapter: info.name.clone(),
+        backend: format!("{:?}", info.backend),
+        date: today(),
+        copy_gbps,
+        read_gbps,
+        timestamps,
+        rows,
+    })
+}
+
+fn map_u64(
+    device: &wgpu::Device,
+    buf: &wgpu::Buffer,
+    idx: wgpu::SubmissionIndex,
+) -> Result<Vec<u64>, Error> {
+    let slice = buf.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(idx),
+            timeout: Some(std::time::Duration::from_secs(60)),
+        })
+        .map_err(|e| Error::Gpu {
+            detail: e.to_string(),
+        })?;
+    let out = {
+        let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+            detail: e.to_string(),
+        })?;
+        bytemuck::cast_slice::<u8, u64>(&view).to_vec()
+    };
+    buf.unmap();
+    Ok(out)
+}
+
+/// Copy bandwidth (read + write bytes over wall time of 8 back-to-back copies in one submission)
+/// and the best read-kernel bandwidth over a few grid sizes (timestamps when available).
+fn ceilings(
+    verifier: &Verifier,
+    src: &wgpu::Buffer,
+    timestamps: bool,
+    period_ns: f64,
+) -> Result<(f64, f64), Error> {
+    let g = verifier.gpu_backend().expect("GPU verifier");
+    let (device, queue) = (&g.device, &g.queue);
+    let bytes = (src.size() / 2).clamp(16, 1 << 30) & !15;
+    let dst = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.copy_dst"),
+        size: bytes,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let sink = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.sink"),
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let wait = |idx| {
+        device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: Some(std::time::Duration::from_secs(120)),
+            })
+            .map_err(|e| Error::Gpu {
+                detail: e.to_string(),
+            })
+    };
+    let mut copy = Vec::new();
+    for _ in 0..4 {
+        let mut enc = device.create_command_encoder(&Default::default());
+        for _ in 0..8 {
+            enc.copy_buffer_to_buffer(src, 0, &dst, 0, bytes);
+        }
+        let t0 = Instant::now();
+        wait(queue.submit([enc.finish()]))?;
+        copy.push(8.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    let copy_gbps = copy.iter().cloned().fold(0.0, f64::max);
+    // The read kernel reads `dst` (bytes, a multiple of 16).
+    let qs = timestamps.then(|| {
+        device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: None,
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        })
+    });
+    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut best = 0.0f64;
+    for workgroups in [264u32, 1056, 2112, 4224] {
+        let mut times = Vec::new();
+        for _ in 0..7 {
+            let mut enc = device.create_command_encoder(&Default::default());
+            let ts = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                query_set: q,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            });
+            g.record_read_bandwidth(&mut enc, &dst, &sink, workgroups, ts);
+            if let Some(q) = &qs {
+                enc.resolve_query_set(q, 0..2, &resolve, 0);
+                enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
+            }
+            let t0 = Instant::now();
+            let idx = queue.submit([enc.finish()]);
+            if qs.is_some() {
+                let t = map_u64(device, &read, idx)?;
+                times.push(t[1].wrapping_sub(t[0]) as f64 * period_ns / 1e9);
+            } else {
+                wait(idx)?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        best = best.max(bytes as f64 / median(&mut times) / 1e9);
+    }
+    Ok((copy_gbps, best))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn baseline(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    cpu: &Verifier,
+    batch: &VerifyBatch<'_>,
+    t_buf: &wgpu::Buffer,
+    n_t: usize,
+    mode: BenchMode,
+    d_buf: &wgpu::Buffer,
+    p_buf: &wgpu::Buffer,
+    n_d: usize,
+    reps: usize,
+) -> Result<f64, Error> {
+    let with_draft = mode.has_draft_rows();
+    let total = (n_t + if with_draft { n_d } else { 0 }) * 4;
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.baseline_staging"),
+        size: (total as u64).next_multiple_of(16),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut times = Vec::new();
+    let mut host = vec![0f32; total / 4];
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let mut enc = device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(t_buf, 0, &staging, 0, (n_t * 4) as u64);
+        if with_draft {
+            let src = if mode == BenchMode::DraftProbs {
+                p_buf
+            } else {
+                d_buf
+            };
+            enc.copy_buffer_to_buffer(src, 0, &staging, (n_t * 4) as u64, (n_d * 4) as u64);
+        }
+        let idx = queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: Some(std::time::Duration::from_secs(120)),
+            })
+            .map_err(|e| Error::Gpu {
+                detail: e.to_string(),
+            })?;
+        {
+            let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+                detail: e.to_string(),
+            })?;
+            host.copy_from_slice(&bytemuck::cast_slice::<u8, f32>(&view)[..total / 4]);
+        }
+        staging.unmap();
+        let (t, d) = host.split_at(n_t);
+        let b = VerifyBatch {
+            target_logits: t,
+            draft: match mode {
+                BenchMode::DraftProbs => Draft::Probs(d),
+                BenchMode::DraftLogits => Draft::Logits(d),
+                _ => Draft::OneHot,
+            },
+            ..*batch
+        };
+        cpu.verify_blocking(&b)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(&mut times))
+}
+
+/// Runs the grid on the CPU backend: "GPU time" and "whole call" are both the wall time of a
+/// verify call on host slices; the ceilings are the host's copy and read bandwidth.
+pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<BenchReport, Error> {
+    let cpu = Verifier::cpu(VerifierOptions::default());
+    let max_r = *cfg.batches.iter().max().unwrap_or(&1) as usize;
+    let max_k = *cfg.ks.iter().max().unwrap_or(&1) as usize;
+    let max_v = *cfg.vocabs.iter().max().unwrap_or(&1) as usize;
+    let mut host_t = vec![0f32; max_r * (max_k + 1) * max_v];
+    fill_normal(&mut host_t, 1, 2.0);
+    let mut host_d = vec![0f32; max_r * max_k * max_v];
+    fill_normal(&mut host_d, 2, 2.0);
+    let (copy_gbps, read_gbps) = host_ceilings(&host_t);
+    progress(&format!("CPU backend: host copy {copy_gbps:.1} GB/s (read+write), parallel read {read_gbps:.1} GB/s"));
+    let mut rows = Vec::new();
+    let mut probs = Vec::new();
+    for &v in &cfg.vocabs {
+        for &k in &cfg.ks {
+            for &r in &cfg.batches {
+                let (vu, ru, ku) = (v as usize, r as usize, k as usize);
+                let (n_t, n_d) = (ru * (ku + 1) * vu, ru * ku * vu);
+                let drafts = drafts_for(
+                    &host_t[..n_t],
+                    vu,
+                    ru,
+                    ku,
+                    u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
+                );
+                for &mode in &cfg.modes {
+                    let requests = requests_for(mode, ru, k);
+                    if mode == BenchMode::DraftProbs {
+                        softmax_rows(&host_d[..n_d], vu, &mut probs);
+                    }
+                    let batch = VerifyBatch {
+                        vocab_size: v,
+                        requests: &requests,
+                        draft_token_ids: &drafts,
+                        target_logits: &host_t[..n_t],
+                        draft: match mode {
+                            BenchMode::DraftProbs => Draft::Probs(&probs),
+                            BenchMode::DraftLogits => Draft::Logits(&host_d[..n_d]),
+                            _ => Draft::OneHot,
+                        },
+                        synthetic_rates: None,
+                    };
+                    for _ in 0..cfg.warmup {
+                        cpu.verify_blocking(&batch)?;
+                    }
+                    let mut times = Vec::new();
+                    for _ in 0..cfg.reps {
+                        let t0 = Instant::now();
+                        cpu.verify_blocking(&batch)?;
+                        times.push(t0.elapsed().as_secs_f64() * 1e6);
+                    }
+                    let t = median(&mut times);
+                    let bytes = ((n_t + if mode.has_draft_rows() { n_d } else { 0 }) * 4) as u64;
+                    let row = BenchRow {
+                        mode,
+                        batch: r,
+                        k,
+                        vocab: v,
+                        gpu_us: t,
+                        call_us: t,
+                        bytes,
+                        gbps: bytes as f64 / t / 1e3,
+                        baseline_us: None,
+                        mismatches: 0,
+                        anchor: anchor(mode, r, k, v),
+                    };
+                    progress(&row_line(&row, read_gbps));
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(BenchReport {
+        adapter: format!(
+            "CPU backend ({} threads)",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        ),
+        backend: "cpu".into(),
+        date: today(),
+        copy_gbps,
+        read_gbps,
+        timestamps: false,
+        rows,
+    })
+}
+
+/// Host memcpy (read + write) and parallel read bandwidth over `data`.
+fn host_ceilings(data: &[f32]) -> (f64, f64) {
+    let mut dst = vec![0f32; data.len()];
+    let mut copy = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        dst.copy_from_slice(data);
+        copy = copy.max(2.0 * (data.len() * 4) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    std::hint::black_box(&dst);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = data.len().div_ceil(threads).max(1);
+    let mut read = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let total: f32 = std::thread::scope(|s| {
+            let hs: Vec<_> = data
+                .chunks(per)
+                .map(|c| s.spawn(move || c.iter().sum::<f32>()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        });
+        std::hint::black_box(total);
+        read = read.max((data.len() * 4) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    (copy, read)
+}
+
+fn row_line(r: &BenchRow, read_gbps: f64) -> String {
+    let anchor = r.anchor.map_or("       -".to_string(), |(g, _)| {
+        format!("{:>7.1}x", g / r.gpu_us)
+    });
+    format!(
+        "{:<13} R={:<4} k={:<2} V={:<7} gpu {:>9.1} us  call {:>9.1} us  {:>7.1} GB/s ({:>5.1}% of read bw)  vs vLLM graph {}  mismatches {}",
+        r.mode.name(),
+        r.batch,
+        r.k,
+        r.vocab,
+        r.gpu_us,
+        r.call_us,
+        r.gbps,
+        100.0 * r.gbps / read_gbps,
+        anchor,
+        r.mismatches
+    )
+}
+
+impl BenchReport {
+    /// A readable table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "adapter: {} ({}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s; GPU time from {}",
+            self.adapter,
+            self.backend,
+            self.date,
+            self.copy_gbps,
+            self.read_gbps,
+            if self.timestamps { "timestamp queries" } else { "wall clock" }
+        );
+        let _ = writeln!(
+            s,
+            "| mode | R | k | V | GPU µs | vLLM graph µs | ours/vLLM | call µs | vLLM eager µs | GB/s | % copy bw | % read bw | CPU baseline µs | twin mismatches |"
+        );
+        let _ = writeln!(
+            s,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for r in &self.rows {
+            let (ag, am) = r.anchor.map_or(("-".into(), "-".into()), |(g, m)| {
+                (format!("{g:.1}"), format!("{m:.1}"))
+            });
+            let ratio = r
+                .anchor
+                .map_or("-".into(), |(g, _)| format!("{:.2}", r.gpu_us / g));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {} | {} | {:.1} | {} | {:.1} | {:.1}% | {:.1}% | {} | {} |",
+                r.mode.name(),
+                r.batch,
+                r.k,
+                r.vocab,
+                r.gpu_us,
+                ag,
+                ratio,
+                r.call_us,
+                am,
+                r.gbps,
+                100.0 * r.gbps / self.copy_gbps,
+                100.0 * r.gbps / self.read_gbps,
+                r.baseline_us.map_or("-".into(), |b| format!("{b:.0}")),
+                r.mismatches
+            );
+        }
+        s
+    }
+
+    /// CSV, one row per point, with the adapter on every row.
+    pub fn csv(&self) -> String {
+        let mut s = String::from(
+            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches\n",
+        );
+        for r in &self.rows {
+            let (ag, am) = r.anchor.map_or((String::new(), String::new()), |(g, m)| {
+                (g.to_string(), m.to_string())
+            });
+            let _ = writeln!(
+                s,
+                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{}",
+                self.adapter.replace('"', "'"),
+                self.backend,
+                self.date,
+                r.mode.name(),
+                r.batch,
+                r.k,
+                r.vocab,
+                r.gpu_us,
+                r.call_us,
+                r.bytes,
+                r.gbps,
+                r.gbps / self.copy_gbps,
+                r.gbps / self.read_gbps,
+                r.baseline_us.map_or(String::new(), |b| format!("{b:.1}")),
+                ag,
+                am,
+                r.mismatches
+            );
+        }
+        s
+    }
+
+    /// An SVG plot: GPU time against batch, one panel per mode, ours (solid) beside the anchor's
+    /// graph time (dashed), one colour per k, at the largest anchored vocabulary of the run.
+    pub fn svg(&self) -> String {
+        let vocab = self
+            .rows
+            .iter()
+            .filter(|r| r.anchor.is_some())
+            .map(|r| r.vocab)
+            .filter(|&v| v == 151_936)
+            .chain(self.rows.iter().map(|r| r.vocab))
+            .next()
+            .unwrap_or(0);
+        let modes: Vec<BenchMode> = BenchMode::ALL
+            .into_iter()
+            .filter(|m| self.rows.iter().any(|r| r.mode == *m))
+            .collect();
+        let (pw, ph, pad) = (360.0, 260.0, 50.0);
+        let width = pad + modes.len() as f64 * (pw + pad);
+        let height = ph + 2.0 * pad + 40.0;
+        let pts: Vec<&BenchRow> = self.rows.iter().filter(|r| r.vocab == vocab).collect();
+        let ys: Vec<f64> = pts
+            .iter()
+            .flat_map(|r| [Some(r.gpu_us), r.anchor.map(|a| a.0)])
+            .flatten()
+            .collect();
+        let (ymin, ymax) = (
+            ys.iter()
+                .cloned()
+                .fold(f64::INFINITY, f64::min)
+                .max(1e-3)
+                .log10()
+                .floor(),
+            ys.iter()
+                .cloned()
+                .fold(0.0, f64::max)
+                .max(1e-3)
+                .log10()
+                .ceil(),
+        );
+        let ymax = if ymax <= ymin { ymin + 1.0 } else { ymax };
+        let xs: Vec<u32> = {
+            let mut b: Vec<u32> = pts.iter().map(|r| r.batch).collect();
+            b.sort_unstable();
+            b.dedup();
+            b
+        };
+        let xmax = (*xs.last().unwrap_or(&1) as f64).log2().max(1.0);
+        let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{pad}" y="20" font-size="14">specdec GPU time per verify call vs vLLM MRV2 (dashed), V={vocab}, {} ({})</text>"#,
+            self.adapter, self.date
+        );
+        for (pi, mode) in modes.iter().enumerate() {
+            let x0 = pad + pi as f64 * (pw + pad);
+            let y0 = pad;
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}">{}</text>"#,
+                x0 + 5.0,
+                y0 + 15.0,
+                mode.name()
+            );
+            let px = |b: u32| x0 + (b as f64).log2() / xmax * pw;
+            let py = |us: f64| y0 + ph - (us.max(1e-3).log10() - ymin) / (ymax - ymin) * ph;
+            for d in (ymin as i32)..=(ymax as i32) {
+                let y = py(10f64.powi(d));
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+                    x0 + pw,
+                    x0 - 3.0,
+                    y + 4.0,
+                    10f64.powi(d)
+                );
+            }
+            for &b in &xs {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{}" y="{}" text-anchor="middle">R={b}</text>"#,
+                    px(b),
+                    y0 + ph + 15.0
+                );
+            }
+            let mut ks: Vec<u32> = pts.iter().map(|r| r.k).collect();
+            ks.sort_unstable();
+            ks.dedup();
+            for (ci, &k) in ks.iter().enumerate() {
+                let color = colors[ci % colors.len()];
+                let line: Vec<&&BenchRow> =
+                    pts.iter().filter(|r| r.mode == *mode && r.k == k).collect();
+                let ours: Vec<String> = line
+                    .iter()
+                    .map(|r| format!("{:.1},{:.1}", px(r.batch), py(r.gpu_us)))
+                    .collect();
+                let theirs: Vec<String> = line
+                    .iter()
+                    .filter_map(|r| {
+                        r.anchor
+                            .map(|a| format!("{:.1},{:.1}", px(r.batch), py(a.0)))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+                    ours.join(" ")
+                );
+                if !theirs.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="5,4"/>"#,
+                        theirs.join(" ")
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{}" y="{}" fill="{color}">k={k}</text>"#,
+                    x0 + pw - 40.0,
+                    y0 + 15.0 + 14.0 * ci as f64
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{pad}" y="{}">y: µs (log), x: batch R (log). Solid: specdec (timestamp queries). Dashed: vLLM MRV2 graph_us on an H200.</text></svg>"#,
+            height - 10.0
+        );
+        s
+    }
+
+    /// A file stem for this run: `<date>-<adapter slug>`.
+    pub fn file_stem(&self) -> String {
+        let slug: String = self
+            .adapter
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let slug = slug
+            .split('-')
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join("-");
+        format!("{}-{}", self.date, slug)
+    }
+}
