@@ -1,0 +1,382 @@
+//! Every kernel translates, with naga's own backends, to every shading language wgpu may hand it
+//! to: SPIR-V (Vulkan), MSL (Metal), HLSL shader model 6.0 (DX12), GLSL ES 3.10 and GLSL 430
+//! (GL / GLES). Each entry point is translated for each workgroup size the library can build
+//! (the `WG` override), after the overrides are resolved the way wgpu resolves them
+//! (`naga::back::pipeline_constants::process_overrides`). No GPU is needed.
+//!
+//! Where the external validators are installed, the outputs are also checked by them:
+//! `spirv-val --target-env vulkan1.1` (Debian `spirv-tools`) and `glslangValidator`
+//! (Debian `glslang-tools`). Without them the validation is skipped with a message, unless
+//! `CI=true`, where a missing validator fails the test. The translations are written to
+//! `$CARGO_TARGET_TMPDIR/portability/` for inspection.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use naga::back::{glsl, hlsl, msl, pipeline_constants, spv, PipelineConstants};
+use naga::valid::ModuleInfo;
+use naga::{Module, ShaderStage};
+use specdec::shaders::{validate_all, Kernel};
+
+/// `WG` override values the library builds (256 normally, less on devices with lower limits).
+const WORKGROUP_SIZES: [u32; 3] = [32, 64, 256];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Spirv,
+    Msl,
+    Hlsl,
+    GlslEs310,
+    Glsl430,
+}
+
+impl Backend {
+    const ALL: [Backend; 5] = [
+        Backend::Spirv,
+        Backend::Msl,
+        Backend::Hlsl,
+        Backend::GlslEs310,
+        Backend::Glsl430,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Spirv => "SPIR-V 1.3",
+            Backend::Msl => "MSL 2.0",
+            Backend::Hlsl => "HLSL sm6.0",
+            Backend::GlslEs310 => "GLSL ES 310",
+            Backend::Glsl430 => "GLSL 430",
+        }
+    }
+
+    fn extension(self) -> &'static str {
+        match self {
+            Backend::Spirv => "spv",
+            Backend::Msl => "metal",
+            Backend::Hlsl => "hlsl",
+            Backend::GlslEs310 => "es310.comp",
+            Backend::Glsl430 => "gl430.comp",
+        }
+    }
+}
+
+/// A translated shader.
+enum Output {
+    Words(Vec<u32>),
+    Text(String),
+}
+
+/// An external validator, if it runs here.
+struct Validator {
+    program: &'static str,
+    package: &'static str,
+    found: bool,
+}
+
+impl Validator {
+    fn probe(program: &'static str, package: &'static str) -> Self {
+        let found = Command::new(program).arg("--version").output().is_ok();
+        Validator {
+            program,
+            package,
+            found,
+        }
+    }
+
+    /// Runs the validator with `args`; `Err` carries its output when it rejects the file.
+    fn run(&self, args: &[&str], file: &Path) -> Result<(), String> {
+        let out = Command::new(self.program)
+            .args(args)
+            .arg(file)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.program))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} {} {}: {}\n{}{}",
+                self.program,
+                args.join(" "),
+                file.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+}
+
+/// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
+fn resolve<'a>(
+    module: &'a Module,
+    info: &'a ModuleInfo,
+    entry: &str,
+    wg: u32,
+) -> Result<(Module, ModuleInfo), String> {
+    let mut constants = PipelineConstants::default();
+    constants.insert("WG".to_string(), f64::from(wg));
+    let (module, info) = pipeline_constants::process_overrides(
+        module,
+        info,
+        Some((ShaderStage::Compute, entry)),
+        &constants,
+    )
+    .map_err(|e| format!("process_overrides: {e}"))?;
+    let (module, info) = (module.into_owned(), info.into_owned());
+    // naga 30 keeps the `overrides` arena (its doc says otherwise); what matters to the backends
+    // is that no expression still refers to one.
+    if module
+        .global_expressions
+        .iter()
+        .any(|(_, e)| matches!(e, naga::Expression::Override(_)))
+    {
+        return Err("override expressions left after process_overrides".to_string());
+    }
+    let ep = module
+        .entry_points
+        .iter()
+        .find(|ep| ep.name == entry)
+        .ok_or_else(|| format!("entry point {entry} lost by process_overrides"))?;
+    if ep.workgroup_size_overrides.is_some() || ep.workgroup_size != [wg, 1, 1] {
+        return Err(format!(
+            "workgroup size {:?} after overriding WG = {wg}",
+            ep.workgroup_size
+        ));
+    }
+    Ok((module, info))
+}
+
+/// The bounds-check policies wgpu uses on devices without robust buffer access (the strictest).
+fn restrict_all() -> naga::proc::BoundsCheckPolicies {
+    let restrict = naga::proc::BoundsCheckPolicy::Restrict;
+    naga::proc::BoundsCheckPolicies {
+        index: restrict,
+        buffer: restrict,
+        image_load: restrict,
+        binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+    }
+}
+
+fn translate(
+    backend: Backend,
+    module: &Module,
+    info: &ModuleInfo,
+    entry: &str,
+) -> Result<Output, String> {
+    let stage = ShaderStage::Compute;
+    match backend {
+        Backend::Spirv => {
+            let options = spv::Options {
+                lang_version: (1, 3),
+                bounds_check_policies: restrict_all(),
+                ..spv::Options::default()
+            };
+            let pipeline = spv::PipelineOptions {
+                shader_stage: stage,
+                entry_point: entry.to_string(),
+            };
+            spv::write_vec(module, info, &options, Some(&pipeline))
+                .map(Output::Words)
+                .map_err(|e| e.to_string())
+        }
+        Backend::Msl => {
+            let options = msl::Options {
+                lang_version: (2, 0),
+                bounds_check_policies: restrict_all(),
+                ..msl::Options::default()
+            };
+            let pipeline = msl::PipelineOptions {
+                entry_point: Some((stage, entry.to_string())),
+                ..msl::PipelineOptions::default()
+            };
+            msl::write_string(module, info, &options, &pipeline)
+                .map(|(text, _)| Output::Text(text))
+                .map_err(|e| e.to_string())
+        }
+        Backend::Hlsl => {
+            let options = hlsl::Options {
+                shader_model: hlsl::ShaderModel::V6_0,
+                ..hlsl::Options::default()
+            };
+            let pipeline = hlsl::PipelineOptions {
+                entry_point: Some((stage, entry.to_string())),
+            };
+            let mut text = String::new();
+            hlsl::Writer::new(&mut text, &options, &pipeline)
+                .write(module, info, None)
+                .map_err(|e| e.to_string())?;
+            Ok(Output::Text(text))
+        }
+        Backend::GlslEs310 | Backend::Glsl430 => {
+            let version = if backend == Backend::GlslEs310 {
+                glsl::Version::new_gles(310)
+            } else {
+                glsl::Version::Desktop(430)
+            };
+            // One GL binding slot per WGSL binding (every kernel uses group 0 only).
+            let binding_map = module
+                .global_variables
+                .iter()
+                .filter_map(|(_, g)| g.binding)
+                .map(|b| {
+                    assert_eq!(b.group, 0, "GLSL binding map assumes one bind group");
+                    (b, u8::try_from(b.binding).expect("binding index fits u8"))
+                })
+                .collect();
+            let options = glsl::Options {
+                version,
+                binding_map,
+                ..glsl::Options::default()
+            };
+            let pipeline = glsl::PipelineOptions {
+                shader_stage: stage,
+                entry_point: entry.to_string(),
+                multiview: None,
+            };
+            let mut text = String::new();
+            glsl::Writer::new(&mut text, module, info, &options, &pipeline, restrict_all())
+                .and_then(|mut w| w.write())
+                .map_err(|e| e.to_string())?;
+            Ok(Output::Text(text))
+        }
+    }
+}
+
+fn write_output(path: &Path, output: &Output) {
+    let bytes: Vec<u8> = match output {
+        Output::Words(words) => words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+        Output::Text(text) => text.clone().into_bytes(),
+    };
+    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Per (kernel, backend): variants translated, variants validated, variants attempted.
+#[derive(Clone, Copy, Default)]
+struct Cell {
+    translated: usize,
+    validated: usize,
+    total: usize,
+}
+
+#[test]
+fn every_kernel_translates_to_every_backend() {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let spirv_val = Validator::probe("spirv-val", "spirv-tools");
+    let glslang = Validator::probe("glslangValidator", "glslang-tools");
+    let mut failures: Vec<String> = Vec::new();
+    for v in [&spirv_val, &glslang] {
+        if !v.found {
+            println!(
+                "{}: validator not found, skipped validation (apt-get install {})",
+                v.program, v.package
+            );
+            if ci {
+                failures.push(format!(
+                    "{} not found but CI=true (install the {} package)",
+                    v.program, v.package
+                ));
+            }
+        }
+    }
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("portability");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+
+    let modules = validate_all().unwrap_or_else(|e| panic!("{e}"));
+    let mut table: Vec<(Kernel, [Cell; 5])> = Vec::new();
+    for (kernel, module, info) in &modules {
+        let mut cells = [Cell::default(); 5];
+        for &entry in kernel.entry_points() {
+            for wg in WORKGROUP_SIZES {
+                let variant = format!("{}.{entry} WG={wg}", kernel.name());
+                let resolved = resolve(module, info, entry, wg);
+                for (b, backend) in Backend::ALL.into_iter().enumerate() {
+                    let cell = &mut cells[b];
+                    cell.total += 1;
+                    let (module, info) = match &resolved {
+                        Ok(r) => r,
+                        Err(e) => {
+                            failures.push(format!("{variant} {}: {e}", backend.name()));
+                            continue;
+                        }
+                    };
+                    let output = match translate(backend, module, info, entry) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            failures.push(format!(
+                                "{variant} {}: translation failed: {e}",
+                                backend.name()
+                            ));
+                            continue;
+                        }
+                    };
+                    cell.translated += 1;
+                    let path = dir.join(format!(
+                        "{}.{entry}.wg{wg}.{}",
+                        kernel.name(),
+                        backend.extension()
+                    ));
+                    write_output(&path, &output);
+                    let checked = match backend {
+                        Backend::Spirv if spirv_val.found => {
+                            Some(spirv_val.run(&["--target-env", "vulkan1.1"], &path))
+                        }
+                        Backend::GlslEs310 | Backend::Glsl430 if glslang.found => {
+                            Some(glslang.run(&["-S", "comp"], &path))
+                        }
+                        _ => None,
+                    };
+                    match checked {
+                        Some(Ok(())) => cell.validated += 1,
+                        Some(Err(e)) => failures.push(format!(
+                            "{variant} {}: validation failed: {e}",
+                            backend.name()
+                        )),
+                        None => {}
+                    }
+                }
+            }
+        }
+        table.push((*kernel, cells));
+    }
+
+    // Summary: per kernel and backend, "translated/total" then "validated/total" ("-": no
+    // validator for that language here).
+    let validates = |b: Backend| match b {
+        Backend::Spirv => spirv_val.found,
+        Backend::GlslEs310 | Backend::Glsl430 => glslang.found,
+        Backend::Msl | Backend::Hlsl => false,
+    };
+    let mut summary = String::new();
+    let _ = write!(summary, "{:<16}", "kernel");
+    for backend in Backend::ALL {
+        let _ = write!(summary, " | {:<13}", backend.name());
+    }
+    summary.push('\n');
+    for (kernel, cells) in &table {
+        let _ = write!(summary, "{:<16}", kernel.name());
+        for (b, cell) in cells.iter().enumerate() {
+            let validated = if validates(Backend::ALL[b]) {
+                format!("{}/{}", cell.validated, cell.total)
+            } else {
+                "-".to_string()
+            };
+            let text = format!("{}/{} val {validated}", cell.translated, cell.total);
+            let _ = write!(summary, " | {text:<13}");
+        }
+        summary.push('\n');
+    }
+    println!(
+        "translated / validated per kernel x backend (entry points x WG {WORKGROUP_SIZES:?}); \
+         outputs in {}\n{summary}",
+        dir.display()
+    );
+
+    assert!(
+        failures.is_empty(),
+        "{} portability failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
