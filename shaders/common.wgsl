@@ -14,8 +14,8 @@
 struct Params {
     vocab: u32,          // V: columns of a target row
     draft_vocab: u32,    // columns of a draft row (== V for now)
-    block_len: u32,      // vocabulary entries per workgroup
-    num_blocks: u32,     // ceil(V / block_len)
+    block_len: u32,      // vocabulary entries per residual_argmax workgroup (multiple of 4)
+    num_blocks: u32,     // ceil(V / block_len): residual_argmax workgroups per request
     row_begin: u32,      // first global target row of this window
     row_count: u32,      // target rows in this window
     t_elem_base: u32,    // element index, in the target binding, of row_begin's first logit
@@ -27,8 +27,25 @@ struct Params {
     num_requests: u32,   // R, whole batch
     out_stride: u32,     // K_max + 1
     total_rows: u32,     // Σ (k_r + 1)
+    num_chunks: u32,     // ceil(V / CHUNK): statistics partials per row
+    block_chunks: u32,   // chunks each row_stats workgroup reduces (tuning only, never changes results)
+    stats_blocks: u32,   // row_stats workgroups per row = ceil(num_chunks / block_chunks)
+    flags: u32,          // PARAM_* bits of this window
     _pad: u32,
 }
+
+// Params::flags: rows of this window start on 16-byte boundaries (V % 4 == 0 and aligned bases),
+// so the statistics pass may use the vec4 views of the logits.
+const PARAM_VEC4: u32 = 1u;
+
+// The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
+// CHUNK_LANES reduces entries 4(l + CHUNK_LANES·i) + c (i = 0..15, c = 0..3) in that order, the
+// lanes fold as a tree, and the chunk partials of a row fold in chunk order. The order of every
+// float operation is fixed by these constants alone, never by the batch or the workgroup count,
+// so sums (hence p(d)) do not depend on the batch, and the CPU twin reproduces them.
+const CHUNK: u32 = 4096u;
+const CHUNK_LANES: u32 = 64u;
+const CHUNK_STEPS: u32 = 16u; // CHUNK / 4 / CHUNK_LANES
 
 // Per-request metadata (64 bytes).
 struct ReqInfo {
@@ -50,10 +67,10 @@ struct ReqInfo {
     _pad5: u32,
 }
 
-// Row statistics, per (row, vocab block) and, after the merge, per row (32 bytes).
+// Row statistics, per (row, chunk) and, after the merge, per row (32 bytes).
 //   t_max   max target logit (NaN treated as -inf)      t_sum  Σ exp((l - t_max) / T)
 //   t_arg   lowest index of t_max                       flags  ROW_* bits
-//   t_at_d  target logit at the drafted token (0 when the token is not in this block / no draft)
+//   t_at_d  target logit at the drafted token (0 when the token is not in this chunk / no draft)
 //   q_max, q_sum, q_at_d: the same for the draft row (draft logits), q_at_d also for probabilities
 struct RowStats {
     t_max: f32,

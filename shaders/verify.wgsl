@@ -1,6 +1,8 @@
-// verify — the per-request verification loop (SPEC §3 rules 1–4). CPU twin: src/cpu/verify.rs.
-// Pipeline label: specdec.verify. One invocation per request; it reads only the merged row
-// statistics (never the logits), so its cost is independent of the vocabulary size.
+// verify — merges each row's chunk statistics, then runs the per-request verification loop
+// (SPEC §3 rules 1–4). CPU twin: src/cpu/verify.rs. Pipeline label: specdec.verify.main.
+// One workgroup of 64 per request: the lanes merge the request's rows (chunk partials folded in
+// chunk order, the statistics contract of common.wgsl) into `row_stats`, then lane 0 runs the
+// loop. It never reads the logits, so its cost is independent of the vocabulary size.
 //
 // For each draft i in order: greedy requests accept iff d_i == argmax; synthetic ones iff
 // u_i < rate_i; the others iff u_i · q_i(d_i) < p_i(d_i) (rule 2; q = 1 for one-hot drafts). A -1
@@ -12,11 +14,50 @@
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> requests: array<ReqInfo>;
-@group(0) @binding(2) var<storage, read> row_stats: array<RowStats>;
+@group(0) @binding(2) var<storage, read> chunk_stats: array<RowStats>;
 @group(0) @binding(3) var<storage, read> draft_ids: array<i32>;
 @group(0) @binding(4) var<storage, read> rates: array<f32>;
 @group(0) @binding(5) var<storage, read_write> tasks: array<Task>;
 @group(0) @binding(6) var<storage, read_write> out_words: array<u32>;
+@group(0) @binding(7) var<storage, read_write> row_stats: array<RowStats>;
+
+// Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
+fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
+    if (is_neg_inf(m)) {
+        return 0.0;
+    }
+    return s * exp((m - m_new) * inv_t);
+}
+
+// Folds the chunk partials of `row` in chunk order; the drafted token's values come from the
+// chunk that holds it.
+fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
+    var acc = chunk_stats[row * params.num_chunks];
+    for (var c = 1u; c < params.num_chunks; c += 1u) {
+        let o = chunk_stats[row * params.num_chunks + c];
+        let m_new = max(acc.t_max, o.t_max);
+        if (with_sum) {
+            acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
+        }
+        if (o.t_max > acc.t_max || (o.t_max == acc.t_max && o.t_arg < acc.t_arg)) {
+            acc.t_arg = o.t_arg;
+        }
+        acc.t_max = m_new;
+        let qm_new = max(acc.q_max, o.q_max);
+        acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
+        acc.q_max = qm_new;
+        acc.flags |= o.flags;
+    }
+    if (acc.t_arg == NO_INDEX) {
+        acc.t_arg = 0u;
+    }
+    if (drafted >= 0) {
+        let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
+        acc.t_at_d = holder.t_at_d;
+        acc.q_at_d = holder.q_at_d;
+    }
+    return acc;
+}
 
 fn row_nonfinite(st: RowStats) -> bool {
     return (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u || is_neg_inf(st.t_max);
@@ -34,15 +75,24 @@ fn sanitize_prob(x: f32) -> f32 {
     return x;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
-    if (r >= params.num_requests) {
-        return;
-    }
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r = wid.x;
     let info = requests[r];
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
+    for (var i = lane; i <= k; i += 64u) {
+        var drafted = -1;
+        if (i < k) {
+            drafted = draft_ids[info.draft_offset + i];
+        }
+        row_stats[info.row_offset + i] = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    if (lane != 0u) {
+        return;
+    }
     let synthetic = (info.flags & REQ_SYNTHETIC) != 0u;
     let inv_t = info.inv_temperature;
 

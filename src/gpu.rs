@@ -14,6 +14,8 @@ use std::time::Duration;
 const STORAGE_BUFFERS_NEEDED: u32 = 7;
 /// Bytes of one Params slot; a multiple of every adapter's uniform offset alignment (≤ 256).
 const PARAM_SLOT: u64 = 256;
+/// Bytes of `Params`.
+const PARAMS_BYTES: usize = std::mem::size_of::<Params>();
 
 /// Finds the adapter `Verifier::new` uses: `WGPU_BACKEND` limits the backends,
 /// `WGPU_ADAPTER_NAME` (case-insensitive substring) picks one by name; otherwise the best by type
@@ -235,7 +237,7 @@ pub(crate) struct GpuBackend {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     wg: u32,
-    block_len: u32,
+    target_workgroups: u32,
     max_binding: u64,
     timeout: Duration,
     layouts: HashMap<Kernel, wgpu::BindGroupLayout>,
@@ -283,7 +285,8 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
             layout_entry(3, storage(true)),
             layout_entry(4, storage(true)),
             layout_entry(5, storage(false)),
-            layout_entry(6, storage(false)),
+            layout_entry(6, storage(true)),
+            layout_entry(7, storage(true)),
         ],
         Kernel::Verify => vec![
             layout_entry(0, params_uniform()),
@@ -293,6 +296,7 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
             layout_entry(4, storage(true)),
             layout_entry(5, storage(false)),
             layout_entry(6, storage(false)),
+            layout_entry(7, storage(false)),
         ],
         Kernel::ResidualArgmax => vec![
             layout_entry(0, params_uniform()),
@@ -429,7 +433,7 @@ impl GpuBackend {
             queue,
             info,
             wg,
-            block_len: opts.block_len,
+            target_workgroups: opts.target_workgroups,
             max_binding,
             timeout: opts.timeout,
             layouts,
@@ -442,16 +446,31 @@ impl GpuBackend {
         })
     }
 
-    /// Vocabulary entries per block for a vocabulary of `vocab` (a multiple of 4, and few enough
-    /// blocks for one dispatch dimension).
-    pub fn block_len_for(&self, vocab: u32) -> u32 {
+    /// Vocabulary entries per residual_argmax workgroup for `requests` requests of `vocab`: about
+    /// `target_workgroups / 4` workgroups in all (at least 4 entries per lane), a multiple of 4,
+    /// and few enough blocks for one dispatch dimension. Any value gives the same tokens (the
+    /// argmax does not depend on how it is split).
+    pub fn residual_block_len(&self, vocab: u32, requests: usize) -> u32 {
         let max_blocks = self
             .device
             .limits()
             .max_compute_workgroups_per_dimension
             .max(1);
-        let min_len = vocab.div_ceil(max_blocks).next_multiple_of(4);
-        self.block_len.max(min_len)
+        let lanes = 4 * self.wg;
+        let want = (u64::from(vocab) * requests as u64)
+            .div_ceil(u64::from(self.target_workgroups / 4).max(1));
+        let len = (want.min(u64::from(vocab)) as u32)
+            .next_multiple_of(lanes)
+            .max(lanes);
+        len.max(vocab.div_ceil(max_blocks).next_multiple_of(4))
+    }
+
+    /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
+    /// workgroups in all. Tuning only: the statistics never depend on it.
+    pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {
+        let chunks = vocab.div_ceil(CHUNK as u32);
+        let total = chunks as u64 * rows as u64;
+        (total.div_ceil(u64::from(self.target_workgroups)) as u32).clamp(1, chunks)
     }
 
     fn pipeline(&self, kernel: Kernel, entry: &'static str) -> &wgpu::ComputePipeline {
@@ -562,9 +581,7 @@ impl GpuBackend {
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
         let max_rows = (((self.max_binding - align) / row_bytes) as usize).min(max_dim);
         let n = plan.num_requests();
-        if plan.total_rows.div_ceil(self.wg as usize) > max_dim
-            || n.div_ceil(self.wg as usize) > max_dim
-        {
+        if n > max_dim || n.div_ceil(self.wg as usize) > max_dim {
             return Err(Error::BatchTooLarge {
                 reason: format!(
                     "{} rows exceed one dispatch of this device",
@@ -573,8 +590,11 @@ impl GpuBackend {
             });
         }
         let windows = plan_windows(plan, max_rows);
-        let block_len = self.block_len_for(plan.vocab);
+        let block_len = self.residual_block_len(plan.vocab, n);
         let num_blocks = plan.vocab.div_ceil(block_len);
+        let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
+        let block_chunks = self.block_chunks(plan.vocab, plan.total_rows);
+        let stats_blocks = num_chunks.div_ceil(block_chunks);
 
         // Metadata and scratch buffers.
         let dev = &self.device;
@@ -586,7 +606,7 @@ impl GpuBackend {
         ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
         ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
         ws.block_stats
-            .ensure(dev, plan.total_rows as u64 * u64::from(num_blocks) * 32);
+            .ensure(dev, plan.total_rows as u64 * u64::from(num_chunks) * 32);
         ws.row_stats.ensure(dev, (plan.total_rows * 32) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
         ws.candidates
@@ -604,6 +624,9 @@ impl GpuBackend {
             num_requests: n as u32,
             out_stride: plan.out_stride as u32,
             total_rows: plan.total_rows as u32,
+            num_chunks,
+            block_chunks,
+            stats_blocks,
             ..Params::default()
         };
         let mut slots = vec![0u8; (slot_size as usize) * windows.len().max(1)];
@@ -617,7 +640,13 @@ impl GpuBackend {
                 }
                 _ => (None, 0),
             };
+            // 16-byte loads when every row of the window starts on a 16-byte boundary.
+            let vec4 = plan.vocab.is_multiple_of(4)
+                && t_base.is_multiple_of(4)
+                && (d_range.is_none()
+                    || (plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4)));
             let p = Params {
+                flags: if vec4 { PARAM_VEC4 } else { 0 },
                 row_begin: w.row_begin as u32,
                 row_count: (w.row_end - w.row_begin) as u32,
                 t_elem_base: t_base,
@@ -628,11 +657,11 @@ impl GpuBackend {
                 ..base
             };
             let at = i * slot_size as usize;
-            slots[at..at + 64].copy_from_slice(bytemuck::bytes_of(&p));
+            slots[at..at + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&p));
             bindings.push((t_range, d_range));
         }
         if windows.is_empty() {
-            slots[..64].copy_from_slice(bytemuck::bytes_of(&base));
+            slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
         }
         let q = &self.queue;
         q.write_buffer(ws.params.get(), 0, &slots);
@@ -648,16 +677,19 @@ impl GpuBackend {
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: ws.params.get(),
                     offset: 0,
-                    size: std::num::NonZeroU64::new(64),
+                    size: std::num::NonZeroU64::new(PARAMS_BYTES as u64),
                 }),
             };
             let mut stats_groups = Vec::new();
             let mut residual_groups = Vec::new();
             for (t_range, d_range) in &bindings {
                 let t = ranged(1, target.buffer, t_range.0, t_range.1);
-                let d = match d_range {
-                    Some((buf, (off, size))) => ranged(2, buf, *off, *size),
-                    None => entry(2, &self.dummy),
+                let t4 = ranged(6, target.buffer, t_range.0, t_range.1);
+                let (d, d4) = match d_range {
+                    Some((buf, (off, size))) => {
+                        (ranged(2, buf, *off, *size), ranged(7, buf, *off, *size))
+                    }
+                    None => (entry(2, &self.dummy), entry(7, &self.dummy)),
                 };
                 stats_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("specdec.row_stats"),
@@ -669,7 +701,8 @@ impl GpuBackend {
                         entry(3, ws.requests.get()),
                         entry(4, ws.row_info.get()),
                         entry(5, ws.block_stats.get()),
-                        entry(6, ws.row_stats.get()),
+                        t4,
+                        d4,
                     ],
                 }));
                 residual_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -693,11 +726,12 @@ impl GpuBackend {
                 entries: &[
                     params_entry.clone(),
                     entry(1, ws.requests.get()),
-                    entry(2, ws.row_stats.get()),
+                    entry(2, ws.block_stats.get()),
                     entry(3, ws.draft_ids.get()),
                     entry(4, ws.rates.get()),
                     entry(5, ws.tasks.get()),
                     entry(6, ws.out.get()),
+                    entry(7, ws.row_stats.get()),
                 ],
             });
             let wg = self.wg as usize;
@@ -710,14 +744,11 @@ impl GpuBackend {
                     pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(0, &stats_groups[i], &[(i as u64 * slot_size) as u32]);
-                        pass.dispatch_workgroups(num_blocks, (w.row_end - w.row_begin) as u32, 1);
+                        pass.dispatch_workgroups(stats_blocks, (w.row_end - w.row_begin) as u32, 1);
                     }
-                    pass.set_pipeline(self.pipeline(Kernel::RowStats, "merge"));
-                    pass.set_bind_group(0, &stats_groups[0], &[0]);
-                    pass.dispatch_workgroups(plan.total_rows.div_ceil(wg) as u32, 1, 1);
                     pass.set_pipeline(self.pipeline(Kernel::Verify, "main"));
                     pass.set_bind_group(0, &verify_group, &[0]);
-                    pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
+                    pass.dispatch_workgroups(n as u32, 1, 1);
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(

@@ -41,13 +41,14 @@ pub const TASK_DRAFT_RESIDUAL: u32 = 3;
 /// Marks "no index" in argmax state.
 pub const NO_INDEX: u32 = u32::MAX;
 
-/// Per-dispatch parameters (`struct Params`, 64 bytes), one 256-byte uniform slot per dispatch.
+/// Per-dispatch parameters (`struct Params`, 80 bytes), one 256-byte uniform slot per window.
 ///
 /// ```text
 ///  0 vocab        4 draft_vocab   8 block_len     12 num_blocks
 /// 16 row_begin   20 row_count    24 t_elem_base   28 d_row_begin
 /// 32 d_elem_base 36 draft_kind   40 req_begin     44 req_count
-/// 48 num_requests 52 out_stride  56 total_rows    60 _pad
+/// 48 num_requests 52 out_stride  56 total_rows    60 num_chunks
+/// 64 block_chunks 68 stats_blocks 72 flags        76 _pad
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -56,9 +57,9 @@ pub struct Params {
     pub vocab: u32,
     /// Columns of a draft row.
     pub draft_vocab: u32,
-    /// Vocabulary entries per workgroup.
+    /// Vocabulary entries per residual_argmax workgroup (a multiple of 4).
     pub block_len: u32,
-    /// ceil(V / block_len).
+    /// ceil(V / block_len): residual_argmax workgroups per request.
     pub num_blocks: u32,
     /// First global target row of the window.
     pub row_begin: u32,
@@ -82,9 +83,26 @@ pub struct Params {
     pub out_stride: u32,
     /// Σ (k_r + 1).
     pub total_rows: u32,
-    /// Padding to 64 bytes.
+    /// ceil(V / CHUNK): statistics partials per row.
+    pub num_chunks: u32,
+    /// Chunks each row_stats workgroup reduces (tuning only: never changes results).
+    pub block_chunks: u32,
+    /// row_stats workgroups per row.
+    pub stats_blocks: u32,
+    /// `PARAM_*` bits of this window.
+    pub flags: u32,
+    /// Padding to 80 bytes.
     pub _pad: u32,
 }
+
+/// `Params::flags`: the window's rows start on 16-byte boundaries; 16-byte loads are allowed.
+pub const PARAM_VEC4: u32 = 1;
+
+/// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
+/// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.
+pub const CHUNK: usize = 4096;
+/// Lanes that reduce one chunk; lane `l` takes entries `4(l + 64 i) + c`.
+pub const CHUNK_LANES: usize = 64;
 
 /// Per-request metadata (`struct ReqInfo`, 64 bytes).
 ///

@@ -55,7 +55,7 @@ impl Kernel {
     /// The entry points the library dispatches.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::RowStats => &["block", "merge"],
+            Kernel::RowStats => &["block"],
             Kernel::Verify => &["main"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 /// Options of a [`Verifier`]. `Default` is right for almost everyone.
 #[derive(Clone, Debug)]
 pub struct VerifierOptions {
-    /// Vocabulary entries each workgroup (and each CPU block) reduces; a multiple of 4.
-    /// Default 4096. Raised automatically when a vocabulary would need more workgroups than one
-    /// dispatch dimension allows.
-    pub block_len: u32,
-    /// Invocations per workgroup; default 256, lowered to a power of two within the device's
-    /// limits.
+    /// How many workgroups a pass over the logits aims for (default 8192): enough to fill a large
+    /// GPU at small batches, few enough to keep each one busy at large batches. Tuning only: the
+    /// results never depend on it.
+    pub target_workgroups: u32,
+    /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
+    /// within the device's limits.
     pub workgroup_size: Option<u32>,
     /// Cap on the bytes one storage binding may cover, below the device's
     /// `max_storage_buffer_binding_size` (None = the device's). Larger batches are split into
@@ -42,7 +42,7 @@ pub struct VerifierOptions {
 impl Default for VerifierOptions {
     fn default() -> Self {
         VerifierOptions {
-            block_len: 4096,
+            target_workgroups: 8192,
             workgroup_size: None,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
@@ -147,15 +147,7 @@ impl Verifier {
         let threads = opts
             .cpu_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let shape = TwinShape {
-            block_len: opts.block_len.max(4) as usize,
-            wg: opts
-                .workgroup_size
-                .unwrap_or(256)
-                .clamp(1, 256)
-                .next_power_of_two() as usize,
-            threads,
-        };
+        let shape = TwinShape { threads };
         Self::build(Backend::Cpu(shape), opts)
     }
 
@@ -426,12 +418,9 @@ fn out_words(plan: &Plan) -> usize {
 }
 
 fn check_options(opts: &VerifierOptions) -> Result<(), Error> {
-    if opts.block_len == 0 || !opts.block_len.is_multiple_of(4) {
+    if opts.target_workgroups == 0 {
         return Err(Error::BatchTooLarge {
-            reason: format!(
-                "VerifierOptions::block_len {} must be a positive multiple of 4",
-                opts.block_len
-            ),
+            reason: "VerifierOptions::target_workgroups must be at least 1".into(),
         });
     }
     Ok(())

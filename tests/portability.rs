@@ -107,11 +107,15 @@ impl Validator {
     }
 }
 
+/// Entry points whose workgroup size is fixed at 64 (the statistics contract), not `WG`.
+const FIXED_64: [&str; 2] = ["row_stats.block", "verify.main"];
+
 /// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
 fn resolve<'a>(
     module: &'a Module,
     info: &'a ModuleInfo,
     entry: &str,
+    qualified: &str,
     wg: u32,
 ) -> Result<(Module, ModuleInfo), String> {
     let mut constants = PipelineConstants::default();
@@ -138,7 +142,14 @@ fn resolve<'a>(
         .iter()
         .find(|ep| ep.name == entry)
         .ok_or_else(|| format!("entry point {entry} lost by process_overrides"))?;
-    if ep.workgroup_size_overrides.is_some() || ep.workgroup_size != [wg, 1, 1] {
+    // Entry points sized by `WG` must take the override; the others (row_stats.block and
+    // verify.main run CHUNK_LANES = 64 lanes by contract) keep their literal size.
+    let expected = if FIXED_64.contains(&qualified) {
+        [64, 1, 1]
+    } else {
+        [wg, 1, 1]
+    };
+    if ep.workgroup_size_overrides.is_some() || ep.workgroup_size != expected {
         return Err(format!(
             "workgroup size {:?} after overriding WG = {wg}",
             ep.workgroup_size
@@ -290,7 +301,8 @@ fn every_kernel_translates_to_every_backend() {
         for &entry in kernel.entry_points() {
             for wg in WORKGROUP_SIZES {
                 let variant = format!("{}.{entry} WG={wg}", kernel.name());
-                let resolved = resolve(module, info, entry, wg);
+                let qualified = format!("{}.{entry}", kernel.name());
+                let resolved = resolve(module, info, entry, &qualified, wg);
                 for (b, backend) in Backend::ALL.into_iter().enumerate() {
                     let cell = &mut cells[b];
                     cell.total += 1;

@@ -10,13 +10,9 @@ use crate::batch::Plan;
 use crate::layout::*;
 use row_stats::RowInput;
 
-/// How the CPU twin mirrors a GPU dispatch: vocabulary entries per block and lanes per block.
+/// How the CPU backend runs.
 #[derive(Clone, Copy, Debug)]
 pub struct TwinShape {
-    /// Vocabulary entries per block (the GPU's `block_len`).
-    pub block_len: usize,
-    /// Lanes per block (the GPU's workgroup size).
-    pub wg: usize,
     /// Worker threads (1 = the calling thread only).
     pub threads: usize,
 }
@@ -69,7 +65,7 @@ pub(crate) fn run(
     parallel_chunks(&mut stats, shape.threads, |first, chunk| {
         for (i, st) in chunk.iter_mut().enumerate() {
             let input = row_input(plan, first + i, target, draft);
-            *st = row_stats::row(&input, v, shape.block_len, shape.wg);
+            *st = row_stats::row(&input);
         }
     });
     let mut words = vec![0u32; n * plan.out_stride + 2 * n];

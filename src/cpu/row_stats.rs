@@ -1,5 +1,6 @@
-//! CPU twin of `shaders/row_stats.wgsl`: the same lanes, the same tree, the same NaN rules, so
-//! the sums agree with the GPU's up to the last bits of `exp`.
+//! CPU twin of `shaders/row_stats.wgsl` (and of the row merge in `shaders/verify.wgsl`): the
+//! same chunks, lanes, tree and NaN rules, so the sums agree with the GPU's up to the last bits of
+//! `exp`, whatever the batch.
 
 use crate::layout::*;
 
@@ -71,44 +72,39 @@ pub struct RowInput<'a> {
     pub inv_t: f32,
 }
 
-/// Statistics of vocabulary entries `[begin, end)` of one row, as one workgroup of `wg` lanes
-/// computes them: lane `j` visits `begin + j, begin + j + wg, …`, then lanes fold as a tree.
-pub fn block(input: &RowInput<'_>, begin: usize, end: usize, wg: usize) -> RowStats {
+/// Statistics of chunk `chunk` of one row, in the order of the statistics contract: lane `l`
+/// of [`CHUNK_LANES`] visits entries `4(l + 64 i) + c` (i = 0..15, c = 0..3), then the lanes fold
+/// as a tree (lane i takes lane i + s for s = 32 .. 1).
+pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
     let with_sum = !input.greedy;
     let inv_t = input.inv_t;
-    let mut t = vec![ACC_NEW; wg];
-    let mut q = vec![ACC_NEW; wg];
-    for (i, &x) in input.target[begin..end].iter().enumerate() {
-        push(
-            &mut t[i % wg],
-            x,
-            (begin + i) as u32,
-            inv_t,
-            with_sum,
-            ROW_T_NAN,
-            ROW_T_POSINF,
-        );
-    }
-    if let Some(draft) = input.draft_logits {
-        let d_end = end.min(draft.len());
-        if d_end > begin {
-            for (i, &x) in draft[begin..d_end].iter().enumerate() {
+    let begin = chunk * CHUNK;
+    let vocab = input.target.len();
+    let mut t = [ACC_NEW; CHUNK_LANES];
+    let mut q = [ACC_NEW; CHUNK_LANES];
+    for (lane, (tl, ql)) in t.iter_mut().zip(q.iter_mut()).enumerate() {
+        for i in 0..CHUNK / 4 / CHUNK_LANES {
+            let y0 = begin + 4 * (lane + CHUNK_LANES * i);
+            for y in y0..(y0 + 4).min(vocab) {
                 push(
-                    &mut q[i % wg],
-                    x,
-                    (begin + i) as u32,
+                    tl,
+                    input.target[y],
+                    y as u32,
                     inv_t,
-                    true,
-                    ROW_Q_NAN,
-                    ROW_Q_POSINF,
+                    with_sum,
+                    ROW_T_NAN,
+                    ROW_T_POSINF,
                 );
             }
+            if let Some(draft) = input.draft_logits {
+                for y in y0..(y0 + 4).min(draft.len()) {
+                    push(ql, draft[y], y as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                }
+            }
         }
-    }
-    for (tl, ql) in t.iter_mut().zip(&q) {
         tl.flags |= ql.flags;
     }
-    let mut stride = wg / 2;
+    let mut stride = CHUNK_LANES / 2;
     while stride > 0 {
         for lane in 0..stride {
             let o = lane + stride;
@@ -143,7 +139,7 @@ pub fn block(input: &RowInput<'_>, begin: usize, end: usize, wg: usize) -> RowSt
     };
     if input.drafted >= 0 {
         let d = input.drafted as usize;
-        if d >= begin && d < end {
+        if d >= begin && d < begin + CHUNK {
             out.t_at_d = input.target[d];
             if let Some(values) = input.draft_values {
                 if d < values.len() {
@@ -155,12 +151,12 @@ pub fn block(input: &RowInput<'_>, begin: usize, end: usize, wg: usize) -> RowSt
     out
 }
 
-/// Folds a row's block statistics in block order, as the `merge` entry point does.
-pub fn merge(blocks: &[RowStats], input: &RowInput<'_>, block_len: usize) -> RowStats {
+/// Folds a row's chunk statistics in chunk order, as the verify kernel does.
+pub fn merge(chunks: &[RowStats], input: &RowInput<'_>) -> RowStats {
     let with_sum = !input.greedy;
     let inv_t = input.inv_t;
-    let mut acc = blocks[0];
-    for o in &blocks[1..] {
+    let mut acc = chunks[0];
+    for o in &chunks[1..] {
         let m_new = acc.t_max.max(o.t_max);
         if with_sum {
             acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t)
@@ -180,17 +176,17 @@ pub fn merge(blocks: &[RowStats], input: &RowInput<'_>, block_len: usize) -> Row
         acc.t_arg = 0;
     }
     if input.drafted >= 0 {
-        let holder = blocks[input.drafted as usize / block_len];
+        let holder = chunks[input.drafted as usize / CHUNK];
         acc.t_at_d = holder.t_at_d;
         acc.q_at_d = holder.q_at_d;
     }
     acc
 }
 
-/// Statistics of a whole row: every block, then the merge.
-pub fn row(input: &RowInput<'_>, vocab: usize, block_len: usize, wg: usize) -> RowStats {
-    let blocks: Vec<RowStats> = (0..vocab.div_ceil(block_len))
-        .map(|b| block(input, b * block_len, ((b + 1) * block_len).min(vocab), wg))
+/// Statistics of a whole row: every chunk, then the merge.
+pub fn row(input: &RowInput<'_>) -> RowStats {
+    let chunks: Vec<RowStats> = (0..input.target.len().div_ceil(CHUNK))
+        .map(|c| chunk(input, c))
         .collect();
-    merge(&blocks, input, block_len)
+    merge(&chunks, input)
 }
