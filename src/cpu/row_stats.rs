@@ -97,8 +97,8 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                 );
             }
             if let Some(draft) = input.draft_logits {
-                for y in y0..(y0 + 4).min(draft.len()) {
-                    push(ql, draft[y], y as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                for (y, &x) in draft.iter().enumerate().take(y0 + 4).skip(y0) {
+                    push(ql, x, y as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                 }
             }
         }
