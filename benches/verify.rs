@@ -6,7 +6,8 @@
 //! cargo bench --bench verify -- --cpu --quick
 //! ```
 //! Options: `--quick`, `--cpu`, `--reps N`, `--batch 1,8`, `--k 1,4`, `--vocab 32000`,
-//! `--modes greedy,one_hot`, `--no-baseline`, `--out DIR` (default `benches/results`).
+//! `--modes greedy,one_hot`, `--no-baseline`, `--target-wgs N`, `--out DIR` (default
+//! `benches/results`).
 //! Writes `DIR/<date>-<adapter>.csv` and `.svg` and prints a table.
 
 use specdec::bench::{run_cpu, run_gpu, BenchConfig, BenchMode};
@@ -55,6 +56,10 @@ fn main() {
                     .split(',')
                     .map(|m| BenchMode::parse(m).unwrap_or_else(|| panic!("unknown mode {m}")))
                     .collect();
+                i += 1;
+            }
+            "--target-wgs" => {
+                cfg.target_workgroups = value.parse().expect("--target-wgs N");
                 i += 1;
             }
             "--out" => {

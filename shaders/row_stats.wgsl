@@ -134,9 +134,18 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                         v.z = target_logits[t_base + y0 + 2u];
                     }
                 }
-                let n = min(4u, params.vocab - y0);
-                for (var c = 0u; c < n; c += 1u) {
-                    t = acc_push(t, v[c], y0 + c, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                t = acc_push(t, v.x, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                if (y0 + 3u < params.vocab) {
+                    t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                    t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                    t = acc_push(t, v.w, y0 + 3u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                } else {
+                    if (y0 + 1u < params.vocab) {
+                        t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                    }
+                    if (y0 + 2u < params.vocab) {
+                        t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                    }
                 }
             }
             if (has_q_row && y0 < params.draft_vocab) {
@@ -152,9 +161,18 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                         w.z = draft_values[d_base + y0 + 2u];
                     }
                 }
-                let n = min(4u, params.draft_vocab - y0);
-                for (var c = 0u; c < n; c += 1u) {
-                    q = acc_push(q, w[c], y0 + c, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                if (y0 + 3u < params.draft_vocab) {
+                    q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                    q = acc_push(q, w.z, y0 + 2u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                    q = acc_push(q, w.w, y0 + 3u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                } else {
+                    if (y0 + 1u < params.draft_vocab) {
+                        q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                    }
+                    if (y0 + 2u < params.draft_vocab) {
+                        q = acc_push(q, w.z, y0 + 2u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                    }
                 }
             }
         }

@@ -83,6 +83,8 @@ pub struct BenchConfig {
     pub baseline_k: u32,
     /// … and this vocabulary only (every R and mode).
     pub baseline_vocab: u32,
+    /// `VerifierOptions::target_workgroups` of the verifier under test.
+    pub target_workgroups: u32,
 }
 
 impl BenchConfig {
@@ -98,6 +100,7 @@ impl BenchConfig {
             baseline_reps: 3,
             baseline_k: 4,
             baseline_vocab: 151_936,
+            target_workgroups: VerifierOptions::default().target_workgroups,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -112,6 +115,7 @@ impl BenchConfig {
             baseline_reps: 0,
             baseline_k: 4,
             baseline_vocab: 32_000,
+            target_workgroups: VerifierOptions::default().target_workgroups,
         }
     }
 }
@@ -142,6 +146,11 @@ pub struct BenchRow {
     pub mismatches: usize,
     /// The anchor's (vLLM MRV2) `graph_us` and `median_us` at this point, if it has one.
     pub anchor: Option<(f64, f64)>,
+    /// Median GPU time of each kernel in a pass of its own (row_stats, verify,
+    /// residual_argmax.block, residual_argmax.merge), µs, when timestamps are available.
+    pub kernels_us: Option<[f64; 4]>,
+    /// Median host time to record and submit one call (the rest of `call_us` is waiting), µs.
+    pub host_us: f64,
 }
 
 /// The result of a run.
@@ -358,10 +367,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("bench.timestamps"),
             ty: wgpu::QueryType::Timestamp,
-            count: 2 * cfg.reps.max(1) as u32,
+            count: 8 * cfg.reps.max(1) as u32,
         })
     });
-    let q_bytes = 16 * cfg.reps.max(1) as u64;
+    let q_bytes = 64 * cfg.reps.max(1) as u64;
     let resolve = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("bench.resolve"),
         size: q_bytes,
@@ -450,9 +459,14 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         one_call()?;
                     }
                     let mut calls = Vec::with_capacity(cfg.reps);
+                    let mut host = Vec::with_capacity(cfg.reps);
                     for _ in 0..cfg.reps {
                         let t0 = Instant::now();
-                        one_call()?;
+                        let mut enc = device.create_command_encoder(&Default::default());
+                        let pending = verifier.record(&mut enc, &gpu_batch)?;
+                        queue.submit([enc.finish()]);
+                        host.push(t0.elapsed().as_secs_f64() * 1e6);
+                        verifier.read_blocking(pending)?;
                         calls.push(t0.elapsed().as_secs_f64() * 1e6);
                     }
                     // 3. GPU time from timestamps around the verify pass.
@@ -463,7 +477,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                                 let pending = verifier.record_timed(
                                     &mut enc,
                                     &gpu_batch,
-                                    Some(wgpu::ComputePassTimestampWrites {
+                                    crate::Timestamps::Pass(wgpu::ComputePassTimestampWrites {
                                         query_set: qs,
                                         beginning_of_pass_write_index: Some(2 * i as u32),
                                         end_of_pass_write_index: Some(2 * i as u32 + 1),
@@ -472,11 +486,14 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                                 queue.submit([enc.finish()]);
                                 verifier.read_blocking(pending)?;
                             }
-                            let mut enc = device.create_command_encoder(&Default::default());
-                            enc.resolve_query_set(qs, 0..2 * cfg.reps as u32, &resolve, 0);
-                            enc.copy_buffer_to_buffer(&resolve, 0, &q_read, 0, q_bytes);
-                            let idx = queue.submit([enc.finish()]);
-                            let ticks = map_u64(&device, &q_read, idx)?;
+                            let ticks = resolve_ticks(
+                                &device,
+                                &queue,
+                                qs,
+                                2 * cfg.reps as u32,
+                                &resolve,
+                                &q_read,
+                            )?;
                             let mut t: Vec<f64> = ticks
                                 .chunks(2)
                                 .map(|c| c[1].wrapping_sub(c[0]) as f64 * period_ns / 1e3)
@@ -486,6 +503,44 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         None => median(&mut calls.clone()),
                     };
                     let call_us = median(&mut calls);
+                    // 3b. Each kernel in a timed pass of its own (where the time goes).
+                    let kernels_us = match &query {
+                        Some(qs) => {
+                            for i in 0..cfg.reps {
+                                let mut enc = device.create_command_encoder(&Default::default());
+                                let pending = verifier.record_timed(
+                                    &mut enc,
+                                    &gpu_batch,
+                                    crate::Timestamps::PerKernel {
+                                        query_set: qs,
+                                        first: 8 * i as u32,
+                                    },
+                                )?;
+                                queue.submit([enc.finish()]);
+                                verifier.read_blocking(pending)?;
+                            }
+                            let ticks = resolve_ticks(
+                                &device,
+                                &queue,
+                                qs,
+                                8 * cfg.reps as u32,
+                                &resolve,
+                                &q_read,
+                            )?;
+                            let mut per = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+                            for rep in ticks.chunks(8) {
+                                for (k, p) in per.iter_mut().enumerate() {
+                                    p.push(
+                                        rep[2 * k + 1].wrapping_sub(rep[2 * k]) as f64 * period_ns
+                                            / 1e3,
+                                    );
+                                }
+                            }
+                            Some(per.map(|mut v| median(&mut v)))
+                        }
+                        None => None,
+                    };
+                    let host_us = median(&mut host);
                     // 4. The baseline users have today: copy the logits to the host, verify there.
                     let baseline_us =
                         (cfg.baseline_reps > 0 && k == cfg.baseline_k && v == cfg.baseline_vocab)
@@ -518,6 +573,8 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         baseline_us,
                         mismatches: bad,
                         anchor: anchor(mode, r, k, v),
+                        kernels_us,
+                        host_us,
                     };
                     progress(&row_line(&row, read_gbps));
                     rows.push(row);
@@ -534,6 +591,24 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         timestamps,
         rows,
     })
+}
+
+/// Resolves the first `count` timestamps of `qs` and reads them back.
+fn resolve_ticks(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    qs: &wgpu::QuerySet,
+    count: u32,
+    resolve: &wgpu::Buffer,
+    read: &wgpu::Buffer,
+) -> Result<Vec<u64>, Error> {
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.resolve_query_set(qs, 0..count, resolve, 0);
+    enc.copy_buffer_to_buffer(resolve, 0, read, 0, 8 * u64::from(count));
+    let idx = queue.submit([enc.finish()]);
+    let mut t = map_u64(device, read, idx)?;
+    t.truncate(count as usize);
+    Ok(t)
 }
 
 fn map_u64(
@@ -792,6 +867,8 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         baseline_us: None,
                         mismatches: 0,
                         anchor: anchor(mode, r, k, v),
+                        kernels_us: None,
+                        host_us: t,
                     };
                     progress(&row_line(&row, read_gbps));
                     rows.push(row);
@@ -845,8 +922,14 @@ fn row_line(r: &BenchRow, read_gbps: f64) -> String {
     let anchor = r.anchor.map_or("       -".to_string(), |(g, _)| {
         format!("{:>7.1}x", g / r.gpu_us)
     });
+    let kernels = r.kernels_us.map_or(String::new(), |k| {
+        format!(
+            "  [stats {:.1} verify {:.1} resid {:.1} merge {:.1} host {:.1}]",
+            k[0], k[1], k[2], k[3], r.host_us
+        )
+    });
     format!(
-        "{:<13} R={:<4} k={:<2} V={:<7} gpu {:>9.1} us  call {:>9.1} us  {:>7.1} GB/s ({:>5.1}% of read bw)  vs vLLM graph {}  mismatches {}",
+        "{:<13} R={:<4} k={:<2} V={:<7} gpu {:>9.1} us  call {:>9.1} us  {:>7.1} GB/s ({:>5.1}% of read bw)  vs vLLM graph {}  mismatches {}{kernels}",
         r.mode.name(),
         r.batch,
         r.k,
@@ -914,7 +997,7 @@ impl BenchReport {
     /// CSV, one row per point, with the adapter on every row.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches\n",
+            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us\n",
         );
         for r in &self.rows {
             let (ag, am) = r.anchor.map_or((String::new(), String::new()), |(g, m)| {
@@ -922,7 +1005,7 @@ impl BenchReport {
             });
             let _ = writeln!(
                 s,
-                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{}",
+                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{},{},{:.2}",
                 self.adapter.replace('"', "'"),
                 self.backend,
                 self.date,
@@ -939,7 +1022,12 @@ impl BenchReport {
                 r.baseline_us.map_or(String::new(), |b| format!("{b:.1}")),
                 ag,
                 am,
-                r.mismatches
+                r.mismatches,
+                r.kernels_us.map_or(",,,".to_string(), |k| format!(
+                    "{:.2},{:.2},{:.2},{:.2}",
+                    k[0], k[1], k[2], k[3]
+                )),
+                r.host_us
             );
         }
         s

@@ -190,6 +190,24 @@ pub enum GpuDraft<'a> {
     Logits(GpuRows<'a>),
 }
 
+/// GPU timestamps of a recorded verification (profiling; needs `Features::TIMESTAMP_QUERY`).
+#[derive(Debug, Default)]
+pub enum Timestamps<'a> {
+    /// None.
+    #[default]
+    None,
+    /// At the beginning and the end of the one compute pass holding every dispatch.
+    Pass(wgpu::ComputePassTimestampWrites<'a>),
+    /// One pass per kernel (row_stats, verify, residual_argmax.block, residual_argmax.merge),
+    /// timestamps `first + 2i` (begin) and `first + 2i + 1` (end) of `query_set`: 8 queries.
+    PerKernel {
+        /// The query set.
+        query_set: &'a wgpu::QuerySet,
+        /// Index of the first of the 8 queries.
+        first: u32,
+    },
+}
+
 /// A range of target rows whose logits fit one storage binding, with the draft rows and the
 /// requests that go with them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -542,7 +560,7 @@ impl GpuBackend {
         plan: &Plan,
         target: GpuRows<'_>,
         draft: Option<GpuRows<'_>>,
-        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+        timestamps: Timestamps<'_>,
     ) -> Result<(), Error> {
         self.check_alive()?;
         let v = u64::from(plan.vocab);
@@ -735,20 +753,22 @@ impl GpuBackend {
                 ],
             });
             let wg = self.wg as usize;
-            {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("specdec.verify_pass"),
-                    timestamp_writes: timestamps,
-                });
-                if !windows.is_empty() {
+            // One compute pass holds every dispatch (wgpu orders dispatches that share buffers),
+            // except when profiling per kernel: then each kernel gets its own timed pass.
+            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
+                &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(0, &stats_groups[i], &[(i as u64 * slot_size) as u32]);
                         pass.dispatch_workgroups(stats_blocks, (w.row_end - w.row_begin) as u32, 1);
                     }
+                },
+                &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::Verify, "main"));
                     pass.set_bind_group(0, &verify_group, &[0]);
                     pass.dispatch_workgroups(n as u32, 1, 1);
+                },
+                &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(
@@ -758,9 +778,41 @@ impl GpuBackend {
                         );
                         pass.dispatch_workgroups(num_blocks, (w.req_end - w.req_begin) as u32, 1);
                     }
+                },
+                &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
                     pass.set_bind_group(0, &residual_groups[0], &[0]);
                     pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
+                },
+            ];
+            if !windows.is_empty() {
+                match timestamps {
+                    Timestamps::PerKernel { query_set, first } => {
+                        for (i, phase) in phases.iter().enumerate() {
+                            let mut pass =
+                                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                                    label: Some("specdec.verify_phase"),
+                                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                                        query_set,
+                                        beginning_of_pass_write_index: Some(first + 2 * i as u32),
+                                        end_of_pass_write_index: Some(first + 2 * i as u32 + 1),
+                                    }),
+                                });
+                            phase(&mut pass);
+                        }
+                    }
+                    other => {
+                        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("specdec.verify_pass"),
+                            timestamp_writes: match other {
+                                Timestamps::Pass(w) => Some(w),
+                                _ => None,
+                            },
+                        });
+                        for phase in phases {
+                            phase(&mut pass);
+                        }
+                    }
                 }
             }
             encoder.copy_buffer_to_buffer(
@@ -889,7 +941,7 @@ impl GpuBackend {
             buffer: b,
             offset: 0,
         });
-        self.record(&mut encoder, ws, plan, t, d, None)?;
+        self.record(&mut encoder, ws, plan, t, d, Timestamps::None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()]))
     }
 

@@ -48,5 +48,5 @@ pub use batch::{
     MAX_DRAFTS_PER_REQUEST,
 };
 pub use error::Error;
-pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows};
+pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows, Timestamps};
 pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};

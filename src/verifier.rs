@@ -4,7 +4,7 @@
 use crate::batch::{check_rows, Draft, Fault, Plan, Request, Shape, VerifyBatch, VerifyOutput};
 use crate::cpu::{self, TwinShape};
 use crate::error::Error;
-use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Workspace};
+use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Workspace};
 use crate::layout::{DRAFT_LOGITS, DRAFT_NONE, DRAFT_PROBS};
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
@@ -317,17 +317,17 @@ impl Verifier {
         encoder: &mut wgpu::CommandEncoder,
         batch: &GpuVerifyBatch<'_>,
     ) -> Result<PendingVerify, Error> {
-        self.record_timed(encoder, batch, None)
+        self.record_timed(encoder, batch, Timestamps::None)
     }
 
-    /// [`Verifier::record`] with GPU timestamps written at the beginning and the end of the one
-    /// compute pass that holds every dispatch of the verification (for profiling; the device
-    /// needs `Features::TIMESTAMP_QUERY`).
+    /// [`Verifier::record`] with GPU timestamps (for profiling; the device needs
+    /// `Features::TIMESTAMP_QUERY`): around the one compute pass that holds every dispatch, or
+    /// around each kernel in a pass of its own.
     pub fn record_timed(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         batch: &GpuVerifyBatch<'_>,
-        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+        timestamps: Timestamps<'_>,
     ) -> Result<PendingVerify, Error> {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
