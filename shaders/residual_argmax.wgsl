@@ -12,7 +12,7 @@
 //
 // Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
 // in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
-// Dispatch `merge`: one invocation per request folds its blocks and writes the token.
+// Dispatch `merge`: one workgroup per request folds its blocks and writes the token.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> target_logits: array<f32>;
@@ -129,32 +129,57 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-@compute @workgroup_size(WG)
-fn merge(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
-    if (r >= params.num_requests) {
-        return;
-    }
+var<workgroup> mk_r: array<f32, 64>;
+var<workgroup> mi_r: array<u32, 64>;
+var<workgroup> mk_p: array<f32, 64>;
+var<workgroup> mi_p: array<u32, 64>;
+
+// One workgroup of 64 per request: the lanes load the block candidates in parallel, then fold as
+// a tree (the argmax with lowest-index ties does not depend on the order).
+@compute @workgroup_size(64)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r = wid.x;
     let task = tasks[r];
-    if (task.kind == TASK_NONE) {
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
+    if (task.kind != TASK_NONE) {
+        for (var b = lane; b < params.num_blocks; b += 64u) {
+            let c = candidates[r * params.num_blocks + b];
+            if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
+                best.r_key = c.r_key;
+                best.r_idx = c.r_idx;
+            }
+            if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
+                best.p_key = c.p_key;
+                best.p_idx = c.p_idx;
+            }
+        }
+    }
+    mk_r[lane] = best.r_key;
+    mi_r[lane] = best.r_idx;
+    mk_p[lane] = best.p_key;
+    mi_p[lane] = best.p_idx;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let o = lane + stride;
+            if (better(mk_r[o], mi_r[o], mk_r[lane], mi_r[lane])) {
+                mk_r[lane] = mk_r[o];
+                mi_r[lane] = mi_r[o];
+            }
+            if (better(mk_p[o], mi_p[o], mk_p[lane], mi_p[lane])) {
+                mk_p[lane] = mk_p[o];
+                mi_p[lane] = mi_p[o];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane != 0u || task.kind == TASK_NONE) {
         return;
     }
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
-    for (var b = 0u; b < params.num_blocks; b += 1u) {
-        let c = candidates[r * params.num_blocks + b];
-        if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
-            best.r_key = c.r_key;
-            best.r_idx = c.r_idx;
-        }
-        if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
-            best.p_key = c.p_key;
-            best.p_idx = c.p_idx;
-        }
-    }
-    var token = best.r_idx;
+    var token = mi_r[0];
     if (token == NO_INDEX) {
         // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
-        token = best.p_idx;
+        token = mi_p[0];
         let status_idx = params.num_requests * params.out_stride + params.num_requests + r;
         out_words[status_idx] = out_words[status_idx] | STATUS_EMPTY_RESIDUAL;
     }

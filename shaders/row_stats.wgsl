@@ -117,56 +117,66 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 
     for (var chunk = first_chunk; chunk < last_chunk; chunk += 1u) {
         let begin = chunk * CHUNK;
+        // All 16 loads of the chunk are issued before any of them is used, so each lane keeps
+        // 256 bytes in flight instead of waiting out one memory latency per step.
+        var tv: array<vec4<f32>, CHUNK_STEPS>;
+        var qv: array<vec4<f32>, CHUNK_STEPS>;
+        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
+            let y0 = begin + 4u * (lane + CHUNK_LANES * i);
+            if (y0 + 3u < params.vocab) {
+                tv[i] = load_target4(t_base + y0, vec4_path);
+            } else if (y0 < params.vocab) {
+                // The row's last, partial group (scalar path only: V % 4 != 0).
+                tv[i] = vec4<f32>(target_logits[t_base + y0], 0.0, 0.0, 0.0);
+                if (y0 + 1u < params.vocab) {
+                    tv[i].y = target_logits[t_base + y0 + 1u];
+                }
+                if (y0 + 2u < params.vocab) {
+                    tv[i].z = target_logits[t_base + y0 + 2u];
+                }
+            }
+            if (has_q_row) {
+                if (y0 + 3u < params.draft_vocab) {
+                    qv[i] = load_draft4(d_base + y0, vec4_path);
+                } else if (y0 < params.draft_vocab) {
+                    qv[i] = vec4<f32>(draft_values[d_base + y0], 0.0, 0.0, 0.0);
+                    if (y0 + 1u < params.draft_vocab) {
+                        qv[i].y = draft_values[d_base + y0 + 1u];
+                    }
+                    if (y0 + 2u < params.draft_vocab) {
+                        qv[i].z = draft_values[d_base + y0 + 2u];
+                    }
+                }
+            }
+        }
         var t = acc_new();
         var q = acc_new();
         for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
             let y0 = begin + 4u * (lane + CHUNK_LANES * i);
-            if (y0 < params.vocab) {
-                var v: vec4<f32>;
-                if (vec4_path || y0 + 3u < params.vocab) {
-                    v = load_target4(t_base + y0, vec4_path);
-                } else {
-                    v = vec4<f32>(target_logits[t_base + y0], 0.0, 0.0, 0.0);
-                    if (y0 + 1u < params.vocab) {
-                        v.y = target_logits[t_base + y0 + 1u];
-                    }
-                    if (y0 + 2u < params.vocab) {
-                        v.z = target_logits[t_base + y0 + 2u];
-                    }
-                }
+            let v = tv[i];
+            if (y0 + 3u < params.vocab) {
                 t = acc_push(t, v.x, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                if (y0 + 3u < params.vocab) {
+                t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                t = acc_push(t, v.w, y0 + 3u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            } else if (y0 < params.vocab) {
+                t = acc_push(t, v.x, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                if (y0 + 1u < params.vocab) {
                     t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+                }
+                if (y0 + 2u < params.vocab) {
                     t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                    t = acc_push(t, v.w, y0 + 3u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                } else {
-                    if (y0 + 1u < params.vocab) {
-                        t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                    }
-                    if (y0 + 2u < params.vocab) {
-                        t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                    }
                 }
             }
-            if (has_q_row && y0 < params.draft_vocab) {
-                var w: vec4<f32>;
-                if (vec4_path || y0 + 3u < params.draft_vocab) {
-                    w = load_draft4(d_base + y0, vec4_path);
-                } else {
-                    w = vec4<f32>(draft_values[d_base + y0], 0.0, 0.0, 0.0);
-                    if (y0 + 1u < params.draft_vocab) {
-                        w.y = draft_values[d_base + y0 + 1u];
-                    }
-                    if (y0 + 2u < params.draft_vocab) {
-                        w.z = draft_values[d_base + y0 + 2u];
-                    }
-                }
-                q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+            if (has_q_row) {
+                let w = qv[i];
                 if (y0 + 3u < params.draft_vocab) {
+                    q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                     q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                     q = acc_push(q, w.z, y0 + 2u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                     q = acc_push(q, w.w, y0 + 3u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                } else {
+                } else if (y0 < params.draft_vocab) {
+                    q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                     if (y0 + 1u < params.draft_vocab) {
                         q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
                     }

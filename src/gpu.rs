@@ -752,7 +752,6 @@ impl GpuBackend {
                     entry(7, ws.row_stats.get()),
                 ],
             });
-            let wg = self.wg as usize;
             // One compute pass holds every dispatch (wgpu orders dispatches that share buffers),
             // except when profiling per kernel: then each kernel gets its own timed pass.
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
@@ -782,7 +781,7 @@ impl GpuBackend {
                 &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
                     pass.set_bind_group(0, &residual_groups[0], &[0]);
-                    pass.dispatch_workgroups(n.div_ceil(wg) as u32, 1, 1);
+                    pass.dispatch_workgroups(n as u32, 1, 1);
                 },
             ];
             if !windows.is_empty() {

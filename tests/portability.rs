@@ -107,8 +107,8 @@ impl Validator {
     }
 }
 
-/// Entry points whose workgroup size is fixed at 64 (the statistics contract), not `WG`.
-const FIXED_64: [&str; 2] = ["row_stats.block", "verify.main"];
+/// Entry points whose workgroup size is fixed at 64, not `WG`.
+const FIXED_64: [&str; 3] = ["row_stats.block", "verify.main", "residual_argmax.merge"];
 
 /// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
 fn resolve<'a>(
@@ -142,8 +142,8 @@ fn resolve<'a>(
         .iter()
         .find(|ep| ep.name == entry)
         .ok_or_else(|| format!("entry point {entry} lost by process_overrides"))?;
-    // Entry points sized by `WG` must take the override; the others (row_stats.block and
-    // verify.main run CHUNK_LANES = 64 lanes by contract) keep their literal size.
+    // Entry points sized by `WG` must take the override; the others (64 lanes by design) keep
+    // their literal size.
     let expected = if FIXED_64.contains(&qualified) {
         [64, 1, 1]
     } else {

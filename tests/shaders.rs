@@ -77,7 +77,11 @@ fn params_structs_match_wgsl_layout() {
             req_count,
             num_requests,
             out_stride,
-            total_rows
+            total_rows,
+            num_chunks,
+            block_chunks,
+            stats_blocks,
+            flags
         ]
     );
     check_layout!(
