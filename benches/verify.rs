@@ -6,7 +6,7 @@
 //! cargo bench --bench verify -- --cpu --quick
 //! ```
 //! Options: `--quick`, `--cpu`, `--reps N`, `--batch 1,8`, `--k 1,4`, `--vocab 32000`,
-//! `--modes greedy,one_hot`, `--no-baseline`, `--target-wgs N`, `--out DIR` (default
+//! `--modes greedy,one_hot`, `--no-baseline`, `--portable` (no SHADER_INT64), `--target-wgs N`, `--out DIR` (default
 //! `benches/results`).
 //! Writes `DIR/<date>-<adapter>.csv` and `.svg` and prints a table.
 
@@ -35,6 +35,7 @@ fn main() {
             "--quick" => {}
             "--cpu" => cpu = true,
             "--no-baseline" => cfg.baseline_reps = 0,
+            "--portable" => cfg.shader_int64 = false,
             "--reps" => {
                 cfg.reps = value.parse().expect("--reps N");
                 i += 1;

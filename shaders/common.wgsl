@@ -149,22 +149,13 @@ fn is_neg_inf(x: f32) -> bool {
 
 // ---------------------------------------------------------------------------------------------
 // Philox4x32-10 (Salmon et al., SC'11), counter-based: the same (key, counter) gives the same four
-// words on every device. WGSL has no 64-bit integers, so the 32x32->64 product is assembled from
-// 16-bit halves; the Rust twin uses u64 and a test checks both against the published vectors.
+// words on every device. The Rust twin uses u64; a test checks both against the published
+// vectors.
 // ---------------------------------------------------------------------------------------------
 
-fn mulhi32(a: u32, b: u32) -> u32 {
-    let a_lo = a & 0xffffu;
-    let a_hi = a >> 16u;
-    let b_lo = b & 0xffffu;
-    let b_hi = b >> 16u;
-    let ll = a_lo * b_lo;
-    let lh = a_lo * b_hi;
-    let hl = a_hi * b_lo;
-    let hh = a_hi * b_hi;
-    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    return hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
-}
+// mulhi32(a, b), the high word of the 64-bit product, comes from one of two small files
+// prepended after this one: shaders/mulhi_u32.wgsl (portable) or shaders/mulhi_int64.wgsl (on
+// devices with SHADER_INT64). Both are exact, so the random words are the same either way.
 
 fn philox4x32_10(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     var c = counter;

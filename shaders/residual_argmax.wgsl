@@ -33,6 +33,88 @@ fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
     return key > best_key || (key == best_key && idx < best_idx);
 }
 
+// What the race needs to know about the row being resampled.
+struct RaceCtx {
+    st: RowStats,
+    inv_t: f32,
+    use_q: bool,    // subtract q (TASK_DRAFT_RESIDUAL)
+    q_logits: bool, // q given as logits (else probabilities)
+    kind: u32,
+    draft_token: i32,
+}
+
+// Entries y .. y+3 of the row (element `base` of the binding); entries at or past `end` read as
+// -inf, so their p is 0 and they never win.
+fn load_logits4(base: u32, y: u32, end: u32) -> vec4<f32> {
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    if (y + 3u < end) {
+        return vec4<f32>(target_logits[base + y], target_logits[base + y + 1u], target_logits[base + y + 2u], target_logits[base + y + 3u]);
+    }
+    var r = vec4<f32>(ninf);
+    if (y < end) {
+        r.x = target_logits[base + y];
+    }
+    if (y + 1u < end) {
+        r.y = target_logits[base + y + 1u];
+    }
+    if (y + 2u < end) {
+        r.z = target_logits[base + y + 2u];
+    }
+    return r;
+}
+
+// Draft values y .. y+3; entries past the draft vocabulary read as 0 (and race_step ignores
+// them).
+fn load_draft4(base: u32, y: u32) -> vec4<f32> {
+    let v = params.draft_vocab;
+    if (y + 3u < v) {
+        return vec4<f32>(draft_values[base + y], draft_values[base + y + 1u], draft_values[base + y + 2u], draft_values[base + y + 3u]);
+    }
+    var r = vec4<f32>(0.0);
+    if (y < v) {
+        r.x = draft_values[base + y];
+    }
+    if (y + 1u < v) {
+        r.y = draft_values[base + y + 1u];
+    }
+    if (y + 2u < v) {
+        r.z = draft_values[base + y + 2u];
+    }
+    return r;
+}
+
+// One entry of the exponential race: keys r(y)/e_y and p(y)/e_y against the best so far.
+fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32) -> Candidate {
+    var best = best_in;
+    let p = exp((l - c.st.t_max) * c.inv_t) / c.st.t_sum;
+    var res = p;
+    if (c.use_q) {
+        var q = 0.0;
+        if (y < params.draft_vocab) {
+            if (c.q_logits) {
+                q = exp((dv - c.st.q_max) * c.inv_t) / c.st.q_sum;
+            } else if (!(is_nan(dv) || is_pos_inf(dv) || dv < 0.0)) {
+                q = dv;
+            }
+        }
+        res = max(p - q, 0.0);
+    } else if (c.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == c.draft_token) {
+        res = 0.0;
+    }
+    let e = exp1_from_bits(bits);
+    let rk = res / e;
+    let pk = p / e;
+    if (rk > 0.0 && better(rk, y, best.r_key, best.r_idx)) {
+        best.r_key = rk;
+        best.r_idx = y;
+    }
+    if (pk > 0.0 && better(pk, y, best.p_key, best.p_idx)) {
+        best.p_key = pk;
+        best.p_idx = y;
+    }
+    return best;
+}
+
 @compute @workgroup_size(WG)
 fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let block_id = wid.x;
@@ -64,47 +146,26 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     let pos = row_position(info, task.local_row);
 
-    var best_rk = 0.0;
-    var best_ri = NO_INDEX;
-    var best_pk = 0.0;
-    var best_pi = NO_INDEX;
-    // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary.
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
+    let ctx = RaceCtx(st, inv_t, use_q, q_logits, task.kind, task.draft_token);
+    // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
+    // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {
-        let words = random_words(info, pos, stream, g / 4u);
-        for (var j = 0u; j < 4u; j += 1u) {
-            let y = g + j;
-            if (y >= end) {
-                break;
-            }
-            let p = exp((target_logits[t_base + y] - st.t_max) * inv_t) / st.t_sum;
-            var res = p;
-            if (use_q) {
-                var q = 0.0;
-                if (y < params.draft_vocab) {
-                    let v = draft_values[d_base + y];
-                    if (q_logits) {
-                        q = exp((v - st.q_max) * inv_t) / st.q_sum;
-                    } else if (!(is_nan(v) || is_pos_inf(v) || v < 0.0)) {
-                        q = v;
-                    }
-                }
-                res = max(p - q, 0.0);
-            } else if (task.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == task.draft_token) {
-                res = 0.0;
-            }
-            let e = exp1_from_bits(words[j]);
-            let rk = res / e;
-            let pk = p / e;
-            if (rk > 0.0 && better(rk, y, best_rk, best_ri)) {
-                best_rk = rk;
-                best_ri = y;
-            }
-            if (pk > 0.0 && better(pk, y, best_pk, best_pi)) {
-                best_pk = pk;
-                best_pi = y;
-            }
+        let l = load_logits4(t_base, g, end);
+        var dv = vec4<f32>(0.0);
+        if (use_q) {
+            dv = load_draft4(d_base, g);
         }
+        let words = random_words(info, pos, stream, g / 4u);
+        best = race_step(best, ctx, g, l.x, dv.x, words.x);
+        best = race_step(best, ctx, g + 1u, l.y, dv.y, words.y);
+        best = race_step(best, ctx, g + 2u, l.z, dv.z, words.z);
+        best = race_step(best, ctx, g + 3u, l.w, dv.w, words.w);
     }
+    let best_rk = best.r_key;
+    let best_ri = best.r_idx;
+    let best_pk = best.p_key;
+    let best_pi = best.p_idx;
     sh_rk[lane] = best_rk;
     sh_ri[lane] = best_ri;
     sh_pk[lane] = best_pk;

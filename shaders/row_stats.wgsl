@@ -79,20 +79,59 @@ fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
     return m_other > m_self || (m_other == m_self && a_other < a_self);
 }
 
-// Four consecutive values starting at element `e` (a multiple of 4 when PARAM_VEC4) of the
-// target (or draft) binding.
-fn load_target4(e: u32, vec4_path: bool) -> vec4<f32> {
-    if (vec4_path) {
-        return target_vec4[e / 4u];
+// Entries y .. y+3 of the target row starting at element `base` of the binding; entries at or
+// past V read as -inf. With PARAM_VEC4 (V % 4 == 0, aligned rows) one 16-byte load.
+fn load_target(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
+    let v = params.vocab;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    if (y + 3u < v) {
+        if (vec4_path) {
+            return target_vec4[(base + y) / 4u];
+        }
+        return vec4<f32>(target_logits[base + y], target_logits[base + y + 1u], target_logits[base + y + 2u], target_logits[base + y + 3u]);
     }
-    return vec4<f32>(target_logits[e], target_logits[e + 1u], target_logits[e + 2u], target_logits[e + 3u]);
+    var r = vec4<f32>(ninf);
+    if (y < v) {
+        r.x = target_logits[base + y];
+    }
+    if (y + 1u < v) {
+        r.y = target_logits[base + y + 1u];
+    }
+    if (y + 2u < v) {
+        r.z = target_logits[base + y + 2u];
+    }
+    return r;
 }
 
-fn load_draft4(e: u32, vec4_path: bool) -> vec4<f32> {
-    if (vec4_path) {
-        return draft_vec4[e / 4u];
+// The same for the draft row (length draft_vocab).
+fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
+    let v = params.draft_vocab;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    if (y + 3u < v) {
+        if (vec4_path) {
+            return draft_vec4[(base + y) / 4u];
+        }
+        return vec4<f32>(draft_values[base + y], draft_values[base + y + 1u], draft_values[base + y + 2u], draft_values[base + y + 3u]);
     }
-    return vec4<f32>(draft_values[e], draft_values[e + 1u], draft_values[e + 2u], draft_values[e + 3u]);
+    var r = vec4<f32>(ninf);
+    if (y < v) {
+        r.x = draft_values[base + y];
+    }
+    if (y + 1u < v) {
+        r.y = draft_values[base + y + 1u];
+    }
+    if (y + 2u < v) {
+        r.z = draft_values[base + y + 2u];
+    }
+    return r;
+}
+
+// Pushes entries y .. y+3 in order.
+fn push4(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) -> Acc {
+    var r = acc_push(acc, v.x, y, inv_t, with_sum, nan_flag, inf_flag);
+    r = acc_push(r, v.y, y + 1u, inv_t, with_sum, nan_flag, inf_flag);
+    r = acc_push(r, v.z, y + 2u, inv_t, with_sum, nan_flag, inf_flag);
+    return acc_push(r, v.w, y + 3u, inv_t, with_sum, nan_flag, inf_flag);
 }
 
 @compute @workgroup_size(64)
@@ -117,73 +156,47 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 
     for (var chunk = first_chunk; chunk < last_chunk; chunk += 1u) {
         let begin = chunk * CHUNK;
-        // All 16 loads of the chunk are issued before any of them is used, so each lane keeps
-        // 256 bytes in flight instead of waiting out one memory latency per step.
-        var tv: array<vec4<f32>, CHUNK_STEPS>;
-        var qv: array<vec4<f32>, CHUNK_STEPS>;
-        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-            let y0 = begin + 4u * (lane + CHUNK_LANES * i);
-            if (y0 + 3u < params.vocab) {
-                tv[i] = load_target4(t_base + y0, vec4_path);
-            } else if (y0 < params.vocab) {
-                // The row's last, partial group (scalar path only: V % 4 != 0).
-                tv[i] = vec4<f32>(target_logits[t_base + y0], 0.0, 0.0, 0.0);
-                if (y0 + 1u < params.vocab) {
-                    tv[i].y = target_logits[t_base + y0 + 1u];
-                }
-                if (y0 + 2u < params.vocab) {
-                    tv[i].z = target_logits[t_base + y0 + 2u];
-                }
-            }
-            if (has_q_row) {
-                if (y0 + 3u < params.draft_vocab) {
-                    qv[i] = load_draft4(d_base + y0, vec4_path);
-                } else if (y0 < params.draft_vocab) {
-                    qv[i] = vec4<f32>(draft_values[d_base + y0], 0.0, 0.0, 0.0);
-                    if (y0 + 1u < params.draft_vocab) {
-                        qv[i].y = draft_values[d_base + y0 + 1u];
-                    }
-                    if (y0 + 2u < params.draft_vocab) {
-                        qv[i].z = draft_values[d_base + y0 + 2u];
-                    }
-                }
-            }
-        }
+        // Loads go out 8 at a time before any is used (named values, not an array: an array
+        // indexed in a loop may live in slow local memory), so each lane keeps 128 bytes in
+        // flight instead of waiting out one memory latency per step. Entries past the row's end
+        // read as -inf, and pushing -inf changes nothing: it is the same as skipping them.
         var t = acc_new();
         var q = acc_new();
-        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-            let y0 = begin + 4u * (lane + CHUNK_LANES * i);
-            let v = tv[i];
-            if (y0 + 3u < params.vocab) {
-                t = acc_push(t, v.x, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                t = acc_push(t, v.w, y0 + 3u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            } else if (y0 < params.vocab) {
-                t = acc_push(t, v.x, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                if (y0 + 1u < params.vocab) {
-                    t = acc_push(t, v.y, y0 + 1u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                }
-                if (y0 + 2u < params.vocab) {
-                    t = acc_push(t, v.z, y0 + 2u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-                }
-            }
+        for (var h = 0u; h < CHUNK_STEPS; h += 8u) {
+            let y0 = begin + 4u * (lane + CHUNK_LANES * h);
+            let a0 = load_target(t_base, y0, vec4_path);
+            let a1 = load_target(t_base, y0 + 256u, vec4_path);
+            let a2 = load_target(t_base, y0 + 512u, vec4_path);
+            let a3 = load_target(t_base, y0 + 768u, vec4_path);
+            let a4 = load_target(t_base, y0 + 1024u, vec4_path);
+            let a5 = load_target(t_base, y0 + 1280u, vec4_path);
+            let a6 = load_target(t_base, y0 + 1536u, vec4_path);
+            let a7 = load_target(t_base, y0 + 1792u, vec4_path);
+            t = push4(t, a0, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a1, y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a2, y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a3, y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a4, y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a5, y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a6, y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, a7, y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
             if (has_q_row) {
-                let w = qv[i];
-                if (y0 + 3u < params.draft_vocab) {
-                    q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    q = acc_push(q, w.z, y0 + 2u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    q = acc_push(q, w.w, y0 + 3u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                } else if (y0 < params.draft_vocab) {
-                    q = acc_push(q, w.x, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    if (y0 + 1u < params.draft_vocab) {
-                        q = acc_push(q, w.y, y0 + 1u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    }
-                    if (y0 + 2u < params.draft_vocab) {
-                        q = acc_push(q, w.z, y0 + 2u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                    }
-                }
+                let b0 = load_draft(d_base, y0, vec4_path);
+                let b1 = load_draft(d_base, y0 + 256u, vec4_path);
+                let b2 = load_draft(d_base, y0 + 512u, vec4_path);
+                let b3 = load_draft(d_base, y0 + 768u, vec4_path);
+                let b4 = load_draft(d_base, y0 + 1024u, vec4_path);
+                let b5 = load_draft(d_base, y0 + 1280u, vec4_path);
+                let b6 = load_draft(d_base, y0 + 1536u, vec4_path);
+                let b7 = load_draft(d_base, y0 + 1792u, vec4_path);
+                q = push4(q, b0, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b1, y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b2, y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b3, y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b4, y0 + 1024u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b5, y0 + 1280u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b6, y0 + 1536u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, b7, y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
             }
         }
         sh_m[lane] = t.m;

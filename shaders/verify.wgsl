@@ -51,23 +51,25 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
 }
 
 // Folds the chunk partials of `row` in chunk order; the drafted token's values come from the
-// chunk that holds it. Loads go out in groups of 8 before they are folded, so a row costs a few
-// memory latencies, not one per chunk.
+// chunk that holds it. Loads go out 4 at a time (named values) before they are folded, so a row
+// costs a few memory latencies, not one per chunk.
 fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
     let base = row * params.num_chunks;
+    let n = params.num_chunks;
     var acc = chunk_stats[base];
-    for (var c = 1u; c < params.num_chunks; c += 8u) {
-        var group: array<RowStats, 8>;
-        for (var j = 0u; j < 8u; j += 1u) {
-            if (c + j < params.num_chunks) {
-                group[j] = chunk_stats[base + c + j];
-            }
-        }
-        for (var j = 0u; j < 8u; j += 1u) {
-            if (c + j < params.num_chunks) {
-                acc = fold(acc, group[j], with_sum, inv_t);
-            }
-        }
+    var c = 1u;
+    for (; c + 4u <= n; c += 4u) {
+        let o0 = chunk_stats[base + c];
+        let o1 = chunk_stats[base + c + 1u];
+        let o2 = chunk_stats[base + c + 2u];
+        let o3 = chunk_stats[base + c + 3u];
+        acc = fold(acc, o0, with_sum, inv_t);
+        acc = fold(acc, o1, with_sum, inv_t);
+        acc = fold(acc, o2, with_sum, inv_t);
+        acc = fold(acc, o3, with_sum, inv_t);
+    }
+    for (; c < n; c += 1u) {
+        acc = fold(acc, chunk_stats[base + c], with_sum, inv_t);
     }
     if (acc.t_arg == NO_INDEX) {
         acc.t_arg = 0u;

@@ -85,6 +85,8 @@ pub struct BenchConfig {
     pub baseline_vocab: u32,
     /// `VerifierOptions::target_workgroups` of the verifier under test.
     pub target_workgroups: u32,
+    /// `VerifierOptions::shader_int64` of the verifier under test.
+    pub shader_int64: bool,
 }
 
 impl BenchConfig {
@@ -101,6 +103,7 @@ impl BenchConfig {
             baseline_k: 4,
             baseline_vocab: 151_936,
             target_workgroups: VerifierOptions::default().target_workgroups,
+            shader_int64: true,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -116,6 +119,7 @@ impl BenchConfig {
             baseline_k: 4,
             baseline_vocab: 32_000,
             target_workgroups: VerifierOptions::default().target_workgroups,
+            shader_int64: true,
         }
     }
 }
@@ -168,6 +172,8 @@ pub struct BenchReport {
     pub read_gbps: f64,
     /// Whether GPU times come from timestamp queries.
     pub timestamps: bool,
+    /// Whether the kernels used 64-bit multiplies (SHADER_INT64) or the portable path.
+    pub int64: bool,
     /// The points.
     pub rows: Vec<BenchRow>,
 }
@@ -307,14 +313,20 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     let adapter = crate::gpu::select_adapter()?;
     let info = adapter.get_info();
     let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+    let int64 = if cfg.shader_int64 {
+        adapter.features() & wgpu::Features::SHADER_INT64
+    } else {
+        wgpu::Features::empty()
+    };
     let limits = crate::gpu::required_limits(&adapter.limits())?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.bench"),
-        required_features: if timestamps {
-            wgpu::Features::TIMESTAMP_QUERY
-        } else {
-            wgpu::Features::empty()
-        },
+        required_features: int64
+            | if timestamps {
+                wgpu::Features::TIMESTAMP_QUERY
+            } else {
+                wgpu::Features::empty()
+            },
         required_limits: limits,
         ..Default::default()
     }))
@@ -584,6 +596,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     }
     Ok(BenchReport {
         adapter: info.name.clone(),
+        int64: verifier.gpu_backend().is_some_and(|g| g.variant.int64),
         backend: format!("{:?}", info.backend),
         date: today(),
         copy_gbps,
@@ -886,6 +899,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         copy_gbps,
         read_gbps,
         timestamps: false,
+        int64: false,
         rows,
     })
 }
@@ -949,9 +963,10 @@ impl BenchReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "adapter: {} ({}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s; GPU time from {}",
+            "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s; GPU time from {}",
             self.adapter,
             self.backend,
+            if self.int64 { ", int64 Philox" } else { "" },
             self.date,
             self.copy_gbps,
             self.read_gbps,

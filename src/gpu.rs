@@ -260,6 +260,8 @@ pub(crate) struct GpuBackend {
     timeout: Duration,
     layouts: HashMap<Kernel, wgpu::BindGroupLayout>,
     pipelines: HashMap<PipelineKey, wgpu::ComputePipeline>,
+    /// The shader variant the pipelines were built from.
+    pub variant: crate::shaders::Variant,
     pool: Mutex<Vec<Workspace>>,
     dummy: wgpu::Buffer,
     lost: Arc<Mutex<Option<String>>>,
@@ -401,6 +403,9 @@ impl GpuBackend {
             .map_or(limits.max_storage_buffer_binding_size, |m| {
                 m.min(limits.max_storage_buffer_binding_size)
             });
+        let variant = crate::shaders::Variant {
+            int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
+        };
         let built = scoped(&device, || {
             let mut layouts = HashMap::new();
             let mut pipelines = HashMap::new();
@@ -408,7 +413,7 @@ impl GpuBackend {
                 let label = format!("specdec.{}", kernel.name());
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                    source: wgpu::ShaderSource::Wgsl(kernel.source(variant).into()),
                 });
                 let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                     label: Some(&label),
@@ -456,6 +461,7 @@ impl GpuBackend {
             timeout: opts.timeout,
             layouts,
             pipelines,
+            variant,
             pool: Mutex::new(Vec::new()),
             dummy,
             lost,
@@ -753,7 +759,9 @@ impl GpuBackend {
                 ],
             });
             // One compute pass holds every dispatch (wgpu orders dispatches that share buffers),
-            // except when profiling per kernel: then each kernel gets its own timed pass.
+            // except when profiling per kernel: then each kernel gets its own timed pass. An
+            // all-greedy batch has nothing to resample: its residual phases dispatch nothing.
+            let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
                     pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
@@ -768,6 +776,9 @@ impl GpuBackend {
                     pass.dispatch_workgroups(n as u32, 1, 1);
                 },
                 &|pass| {
+                    if !needs_residual {
+                        return;
+                    }
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(
@@ -779,6 +790,9 @@ impl GpuBackend {
                     }
                 },
                 &|pass| {
+                    if !needs_residual {
+                        return;
+                    }
                     pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
                     pass.set_bind_group(0, &residual_groups[0], &[0]);
                     pass.dispatch_workgroups(n as u32, 1, 1);

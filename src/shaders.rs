@@ -4,6 +4,18 @@
 
 /// Declarations shared by every kernel (layouts, Philox, noise).
 pub const COMMON: &str = include_str!("../shaders/common.wgsl");
+/// `mulhi32` for any device (16-bit halves).
+pub const MULHI_U32: &str = include_str!("../shaders/mulhi_u32.wgsl");
+/// `mulhi32` for devices with `SHADER_INT64` (one wide multiply).
+pub const MULHI_INT64: &str = include_str!("../shaders/mulhi_int64.wgsl");
+
+/// A pipeline variant: which optional device features the kernels use. Every variant computes
+/// the same bits; the portable one (`Variant::default()`) runs everywhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Use 64-bit integer multiplies for Philox (needs `wgpu::Features::SHADER_INT64`).
+    pub int64: bool,
+}
 
 /// A kernel: one WGSL file, one Rust module, one CPU twin, one pipeline label prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,25 +75,48 @@ impl Kernel {
         }
     }
 
-    /// The full source handed to the device: common declarations, then the kernel.
-    pub fn source(self) -> String {
-        format!("{COMMON}\n{}", self.body())
+    /// The full source handed to the device for `variant`: common declarations, the `mulhi32`
+    /// of the variant, then the kernel.
+    pub fn source(self, variant: Variant) -> String {
+        let mulhi = if variant.int64 {
+            MULHI_INT64
+        } else {
+            MULHI_U32
+        };
+        format!("{COMMON}\n{mulhi}\n{}", self.body())
     }
 }
 
-/// Parses and validates every kernel with naga (no GPU needed). Returns the validated modules.
+/// Parses and validates every kernel's portable variant with naga (no GPU needed). Returns the
+/// validated modules.
 pub fn validate_all() -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleInfo)>, String> {
+    validate_variant(Variant::default())
+}
+
+/// Parses and validates every kernel of `variant`, with the naga capabilities it needs.
+pub fn validate_variant(
+    variant: Variant,
+) -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleInfo)>, String> {
+    let caps = if variant.int64 {
+        naga::valid::Capabilities::SHADER_INT64
+    } else {
+        naga::valid::Capabilities::empty()
+    };
     Kernel::ALL
         .iter()
         .map(|&k| {
-            let module = naga::front::wgsl::parse_str(&k.source())
-                .map_err(|e| format!("{}.wgsl: {}", k.name(), e.emit_to_string(&k.source())))?;
-            let info = naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::empty(),
-            )
-            .validate(&module)
-            .map_err(|e| format!("{}.wgsl: {}", k.name(), e.emit_to_string(&k.source())))?;
+            let src = k.source(variant);
+            let module = naga::front::wgsl::parse_str(&src)
+                .map_err(|e| format!("{}.wgsl: {}", k.name(), e.emit_to_string(&src)))?;
+            let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .validate(&module)
+                .map_err(|e| {
+                    format!(
+                        "{}.wgsl ({variant:?}): {}",
+                        k.name(),
+                        e.emit_to_string(&src)
+                    )
+                })?;
             Ok((k, module, info))
         })
         .collect()

@@ -29,6 +29,10 @@ pub struct VerifierOptions {
     pub max_binding_bytes: Option<u64>,
     /// How long a call waits for the GPU before returning [`Error::Timeout`]. Default 60 s.
     pub timeout: Duration,
+    /// Use 64-bit integer multiplies in the random-number generator when the device offers
+    /// `SHADER_INT64` (default true; `Verifier::new` asks for the feature when the adapter has
+    /// it). Same results either way; false forces the portable path.
+    pub shader_int64: bool,
     /// Threads of the CPU backend; default: the machine's available parallelism.
     pub cpu_threads: Option<usize>,
     /// Seed of the generator that draws seeds for requests with `seed: None`; default from the
@@ -44,6 +48,7 @@ impl Default for VerifierOptions {
         VerifierOptions {
             target_workgroups: 8192,
             workgroup_size: None,
+            shader_int64: true,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
             cpu_threads: None,
@@ -114,9 +119,14 @@ impl Verifier {
         check_options(&opts)?;
         let adapter = gpu::select_adapter()?;
         let limits = gpu::required_limits(&adapter.limits())?;
+        let features = if opts.shader_int64 {
+            adapter.features() & wgpu::Features::SHADER_INT64
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("specdec"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits,
             ..Default::default()
         }))

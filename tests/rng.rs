@@ -9,6 +9,22 @@ use specdec::rng::{exp1_from_bits, random_words, uniform_open};
 #[test]
 fn gpu_rng_matches_rust_bit_for_bit() {
     let Some(v) = gpu() else { return };
+    check_rng(v);
+    // The portable variant (16-bit halves instead of 64-bit multiplies) gives the same bits.
+    let portable = specdec::Verifier::new(specdec::VerifierOptions {
+        shader_int64: false,
+        ..specdec::VerifierOptions::default()
+    })
+    .unwrap();
+    println!(
+        "default: {}; portable: {}",
+        v.describe(),
+        portable.describe()
+    );
+    check_rng(&portable);
+}
+
+fn check_rng(v: &specdec::Verifier) {
     let mut g = Gen::new(77);
     let mut counters: Vec<[u32; 4]> = vec![[0; 4], [u32::MAX; 4], [1, 2, 3, 4]];
     for _ in 0..20_000 {

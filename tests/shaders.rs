@@ -18,6 +18,13 @@ fn every_shader_validates() {
     }
 }
 
+#[test]
+fn int64_variant_validates() {
+    let modules = specdec::shaders::validate_variant(specdec::shaders::Variant { int64: true })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(modules.len(), Kernel::ALL.len());
+}
+
 /// Size and field offsets of a WGSL struct as naga lays it out.
 fn wgsl_layout(name: &str) -> (u32, Vec<(String, u32)>) {
     let (_, module, _) = validate_all().unwrap().into_iter().next().unwrap();
