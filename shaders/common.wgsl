@@ -39,8 +39,9 @@ struct Params {
 const PARAM_VEC4: u32 = 1u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
-// CHUNK_LANES reduces entries 4(l + CHUNK_LANES·i) + c (i = 0..15, c = 0..3) in that order, the
-// lanes fold as a tree, and the chunk partials of a row fold in chunk order. The order of every
+// CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
+// order (row_stats.wgsl push4 says how a group is added), the lanes fold as a tree, and the chunk
+// partials of a row fold in chunk order. The order of every
 // float operation is fixed by these constants alone, never by the batch or the workgroup count,
 // so sums (hence p(d)) do not depend on the batch, and the CPU twin reproduces them.
 const CHUNK: u32 = 4096u;
@@ -198,14 +199,22 @@ fn uniform_open(bits: u32) -> f32 {
 // there; every step is exact integer work or a rounding the Rust twin reproduces (up to the
 // few-ulp freedom WGSL gives division and log).
 fn exp1_from_bits(bits: u32) -> f32 {
-    var w: f32;
+    return exp1_from_w(w_from_bits(bits));
+}
+
+// w = bits / 2^32 truncated to 24 significant bits, exact in f32, in (0, 1). Note -ln(1 - w) >= w,
+// which lets the exponential race skip tokens that cannot win without evaluating the log.
+fn w_from_bits(bits: u32) -> f32 {
     if (bits == 0u) {
-        w = 1.16415322e-10; // 2^-33: below every other value, still > 0
-    } else {
-        let z = countLeadingZeros(bits);
-        let m = (bits << z) >> 8u;
-        w = ldexp(f32(m), -24 - i32(z));
+        return 1.16415322e-10; // 2^-33: below every other value, still > 0
     }
+    let z = countLeadingZeros(bits);
+    let m = (bits << z) >> 8u;
+    return ldexp(f32(m), -24 - i32(z));
+}
+
+// -ln(1 - w) for w from w_from_bits.
+fn exp1_from_w(w: f32) -> f32 {
     if (w < 0.015625) {
         // w + w^2/2 + w^3/3 + w^4/4 + w^5/5, relative error below w^5/6 < 2^-32
         return w * (1.0 + w * (0.5 + w * (0.33333334 + w * (0.25 + w * 0.2))));

@@ -101,16 +101,23 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32)
     } else if (c.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == c.draft_token) {
         res = 0.0;
     }
-    let e = exp1_from_bits(bits);
-    let rk = res / e;
-    let pk = p / e;
-    if (rk > 0.0 && better(rk, y, best.r_key, best.r_idx)) {
-        best.r_key = rk;
-        best.r_idx = y;
-    }
-    if (pk > 0.0 && better(pk, y, best.p_key, best.p_idx)) {
-        best.p_key = pk;
-        best.p_idx = y;
+    // e = -ln(1 - w) >= w, so a key r/e can only beat the best B if r > B·w: most tokens are
+    // settled with one multiply and never evaluate the log (the twin applies the same rule).
+    let w = w_from_bits(bits);
+    let r_may = res > 0.0 && res > best.r_key * w;
+    let p_may = p > 0.0 && p > best.p_key * w;
+    if (r_may || p_may) {
+        let e = exp1_from_w(w);
+        let rk = res / e;
+        let pk = p / e;
+        if (r_may && better(rk, y, best.r_key, best.r_idx)) {
+            best.r_key = rk;
+            best.r_idx = y;
+        }
+        if (p_may && better(pk, y, best.p_key, best.p_idx)) {
+            best.p_key = pk;
+            best.p_idx = y;
+        }
     }
     return best;
 }

@@ -4,7 +4,8 @@
 // Dispatch `block`: x = block of `block_chunks` chunks of a row, y = row within the window; one
 // workgroup of CHUNK_LANES (64) invocations. For each chunk of its block the workgroup computes
 // the chunk's statistics in the fixed order of the statistics contract (common.wgsl): each lane
-// keeps an online (max, Σexp, argmax) over its 64 entries, the lanes fold as a tree (lane i takes
+// keeps an online (max, Σexp, argmax) over its 64 entries, four at a time (push4), the lanes
+// fold as a tree (lane i takes
 // lane i+s for s = 32 .. 1), and lane 0 writes the chunk's RowStats. The merge of the chunks of a
 // row (in chunk order) happens in the verify kernel. Rows whose logits start on 16-byte
 // boundaries are read with 16-byte loads (PARAM_VEC4); the order of operations is the same.
@@ -41,29 +42,6 @@ var<workgroup> sh_qs: array<f32, CHUNK_LANES>;
 
 fn acc_new() -> Acc {
     return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u);
-}
-
-// Adds x (at index y, visited in increasing y within a lane) to the state.
-// `with_sum` is false for greedy rows: only max / argmax are needed, no exp.
-fn acc_push(acc: Acc, x: f32, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) -> Acc {
-    var r = acc;
-    if (is_nan(x)) {
-        r.flags |= nan_flag;
-        return r;
-    }
-    if (is_pos_inf(x)) {
-        r.flags |= inf_flag;
-    }
-    if (x > r.m) {
-        if (with_sum) {
-            r.s = r.s * exp((r.m - x) * inv_t) + 1.0;
-        }
-        r.m = x;
-        r.a = y;
-    } else if (with_sum && !is_neg_inf(x)) {
-        r.s += exp((x - r.m) * inv_t);
-    }
-    return r;
 }
 
 // Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
@@ -126,12 +104,64 @@ fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
     return r;
 }
 
-// Pushes entries y .. y+3 in order.
-fn push4(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) -> Acc {
-    var r = acc_push(acc, v.x, y, inv_t, with_sum, nan_flag, inf_flag);
-    r = acc_push(r, v.y, y + 1u, inv_t, with_sum, nan_flag, inf_flag);
-    r = acc_push(r, v.z, y + 2u, inv_t, with_sum, nan_flag, inf_flag);
-    return acc_push(r, v.w, y + 3u, inv_t, with_sum, nan_flag, inf_flag);
+// exp((x - m) / T), 0 for x = -inf.
+fn term(x: f32, m: f32, inv_t: f32) -> f32 {
+    if (is_neg_inf(x)) {
+        return 0.0;
+    }
+    return exp((x - m) * inv_t);
+}
+
+// Adds entries y .. y+3 (a lane visits its groups in increasing y) to the lane's state: NaN
+// counts as -inf and sets `nan_flag`, +inf sets `inf_flag`; a new maximum m4 > m takes the
+// lowest index holding it and rescales the sum once; then the four terms exp((x - m) / T) are
+// added as (t0 + t1) + (t2 + t3). `with_sum` is false for greedy rows (max / argmax only).
+// One branch per group instead of one per entry keeps a warp's lanes together.
+fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) -> Acc {
+    var r = acc;
+    var v = v_in;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    if (is_nan(v.x)) {
+        r.flags |= nan_flag;
+        v.x = ninf;
+    }
+    if (is_nan(v.y)) {
+        r.flags |= nan_flag;
+        v.y = ninf;
+    }
+    if (is_nan(v.z)) {
+        r.flags |= nan_flag;
+        v.z = ninf;
+    }
+    if (is_nan(v.w)) {
+        r.flags |= nan_flag;
+        v.w = ninf;
+    }
+    if (is_pos_inf(v.x) || is_pos_inf(v.y) || is_pos_inf(v.z) || is_pos_inf(v.w)) {
+        r.flags |= inf_flag;
+    }
+    let m4 = max(max(v.x, v.y), max(v.z, v.w));
+    if (m4 > r.m) {
+        var a = y + 3u;
+        if (v.z == m4) {
+            a = y + 2u;
+        }
+        if (v.y == m4) {
+            a = y + 1u;
+        }
+        if (v.x == m4) {
+            a = y;
+        }
+        if (with_sum) {
+            r.s = rescale(r.m, r.s, m4, inv_t);
+        }
+        r.m = m4;
+        r.a = a;
+    }
+    if (with_sum && !is_neg_inf(r.m)) {
+        r.s = r.s + ((term(v.x, r.m, inv_t) + term(v.y, r.m, inv_t)) + (term(v.z, r.m, inv_t) + term(v.w, r.m, inv_t)));
+    }
+    return r;
 }
 
 @compute @workgroup_size(64)

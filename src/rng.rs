@@ -76,14 +76,26 @@ pub fn uniform_open(bits: u32) -> f32 {
 /// above. Same operations, same order as the WGSL twin.
 #[inline]
 pub fn exp1_from_bits(bits: u32) -> f32 {
-    let w = if bits == 0 {
-        1.164_153_2e-10 // 2^-33
-    } else {
-        let z = bits.leading_zeros();
-        let m = (bits << z) >> 8;
-        // m < 2^24 converts exactly; the power of two scales exactly (no underflow: z <= 31).
-        m as f32 * f32::from_bits(((127 - 24 - z as i32) as u32) << 23)
-    };
+    exp1_from_w(w_from_bits(bits))
+}
+
+/// `w = bits / 2^32` truncated to 24 significant bits: exact in f32, in (0, 1). Since
+/// `-ln(1 − w) ≥ w`, the exponential race can skip a token whose `r / w` cannot beat the best key
+/// without evaluating the log.
+#[inline]
+pub fn w_from_bits(bits: u32) -> f32 {
+    if bits == 0 {
+        return 1.164_153_2e-10; // 2^-33
+    }
+    let z = bits.leading_zeros();
+    let m = (bits << z) >> 8;
+    // m < 2^24 converts exactly; the power of two scales exactly (no underflow: z <= 31).
+    m as f32 * f32::from_bits(((127 - 24 - z as i32) as u32) << 23)
+}
+
+/// `-ln(1 − w)` for a `w` from [`w_from_bits`] (see [`exp1_from_bits`]).
+#[inline]
+pub fn exp1_from_w(w: f32) -> f32 {
     if w < 0.015_625 {
         w * (1.0 + w * (0.5 + w * (0.333_333_34 + w * (0.25 + w * 0.2))))
     } else if w < 0.5 {

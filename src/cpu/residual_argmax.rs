@@ -6,7 +6,8 @@ use crate::batch::Plan;
 use crate::cpu::verify::{sanitize_prob, STATUS_EMPTY_RESIDUAL};
 use crate::layout::*;
 use crate::rng::{
-    exp1_from_bits, random_words, row_position, STREAM_ACCEPT, STREAM_BONUS, STREAM_RESIDUAL,
+    exp1_from_w, random_words, row_position, w_from_bits, STREAM_ACCEPT, STREAM_BONUS,
+    STREAM_RESIDUAL,
 };
 
 #[inline]
@@ -65,15 +66,21 @@ pub fn candidate(
         } else if task.kind == TASK_ONE_HOT_RESIDUAL && y as i32 == task.draft_token {
             res = 0.0;
         }
-        let e = exp1_from_bits(words[y % 4]);
-        let (rk, pk) = (res / e, p / e);
-        if rk > 0.0 && better(rk, y as u32, best.r_key, best.r_idx) {
-            best.r_key = rk;
-            best.r_idx = y as u32;
-        }
-        if pk > 0.0 && better(pk, y as u32, best.p_key, best.p_idx) {
-            best.p_key = pk;
-            best.p_idx = y as u32;
+        // e ≥ w: a key r/e can only beat the best B if r > B·w (the kernel's rule).
+        let w = w_from_bits(words[y % 4]);
+        let r_may = res > 0.0 && res > best.r_key * w;
+        let p_may = p > 0.0 && p > best.p_key * w;
+        if r_may || p_may {
+            let e = exp1_from_w(w);
+            let (rk, pk) = (res / e, p / e);
+            if r_may && better(rk, y as u32, best.r_key, best.r_idx) {
+                best.r_key = rk;
+                best.r_idx = y as u32;
+            }
+            if p_may && better(pk, y as u32, best.p_key, best.p_idx) {
+                best.p_key = pk;
+                best.p_idx = y as u32;
+            }
         }
     }
     best

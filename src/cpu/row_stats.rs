@@ -20,24 +20,65 @@ const ACC_NEW: Acc = Acc {
     flags: 0,
 };
 
+/// `exp((x − m) / T)`, 0 for x = −inf.
 #[inline]
-fn push(acc: &mut Acc, x: f32, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) {
-    if x.is_nan() {
-        acc.flags |= nan_flag;
-        return;
+fn term(x: f32, m: f32, inv_t: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        0.0
+    } else {
+        ((x - m) * inv_t).exp()
     }
-    if x == f32::INFINITY {
+}
+
+/// Adds entries `y .. y+3` to a lane's state, exactly as `push4` in `shaders/row_stats.wgsl`:
+/// NaN counts as −inf (flagged), +inf is flagged, a new maximum takes the lowest index holding it
+/// and rescales the sum once, then the terms are added as `(t0 + t1) + (t2 + t3)`.
+#[inline]
+fn push4(
+    acc: &mut Acc,
+    v_in: [f32; 4],
+    y: u32,
+    inv_t: f32,
+    with_sum: bool,
+    nan_flag: u32,
+    inf_flag: u32,
+) {
+    let mut v = v_in;
+    for x in &mut v {
+        if x.is_nan() {
+            acc.flags |= nan_flag;
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    if v.contains(&f32::INFINITY) {
         acc.flags |= inf_flag;
     }
-    if x > acc.m {
+    let m4 = v[0].max(v[1]).max(v[2].max(v[3]));
+    if m4 > acc.m {
+        let a = v.iter().position(|&x| x == m4).unwrap_or(3) as u32;
         if with_sum {
-            acc.s = acc.s * ((acc.m - x) * inv_t).exp() + 1.0;
+            acc.s = rescale(acc.m, acc.s, m4, inv_t);
         }
-        acc.m = x;
-        acc.a = y;
-    } else if with_sum && x != f32::NEG_INFINITY {
-        acc.s += ((x - acc.m) * inv_t).exp();
+        acc.m = m4;
+        acc.a = y + a;
     }
+    if with_sum && acc.m != f32::NEG_INFINITY {
+        let m = acc.m;
+        acc.s += (term(v[0], m, inv_t) + term(v[1], m, inv_t))
+            + (term(v[2], m, inv_t) + term(v[3], m, inv_t));
+    }
+}
+
+/// Entries `y .. y+3` of `row`, −inf past its end (pushing −inf changes nothing).
+#[inline]
+fn group(row: &[f32], y: usize) -> [f32; 4] {
+    let mut g = [f32::NEG_INFINITY; 4];
+    for (c, x) in g.iter_mut().enumerate() {
+        if let Some(&v) = row.get(y + c) {
+            *x = v;
+        }
+    }
+    g
 }
 
 /// One side of a merge rescaled to `m_new`; a −inf side contributes nothing.
@@ -85,11 +126,11 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
     for (lane, (tl, ql)) in t.iter_mut().zip(q.iter_mut()).enumerate() {
         for i in 0..CHUNK / 4 / CHUNK_LANES {
             let y0 = begin + 4 * (lane + CHUNK_LANES * i);
-            for y in y0..(y0 + 4).min(vocab) {
-                push(
+            if y0 < vocab {
+                push4(
                     tl,
-                    input.target[y],
-                    y as u32,
+                    group(input.target, y0),
+                    y0 as u32,
                     inv_t,
                     with_sum,
                     ROW_T_NAN,
@@ -97,8 +138,16 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                 );
             }
             if let Some(draft) = input.draft_logits {
-                for (y, &x) in draft.iter().enumerate().take(y0 + 4).skip(y0) {
-                    push(ql, x, y as u32, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                if y0 < draft.len() {
+                    push4(
+                        ql,
+                        group(draft, y0),
+                        y0 as u32,
+                        inv_t,
+                        true,
+                        ROW_Q_NAN,
+                        ROW_Q_POSINF,
+                    );
                 }
             }
         }
