@@ -208,9 +208,11 @@ fn w_from_bits(bits: u32) -> f32 {
     if (bits == 0u) {
         return 1.16415322e-10; // 2^-33: below every other value, still > 0
     }
+    // w = m · 2^(-24 - z) with m = the top 24 bits after the leading zeros, m in [2^23, 2^24):
+    // built directly as exponent 126 - z and mantissa m - 2^23 (integer work only, exact).
     let z = countLeadingZeros(bits);
     let m = (bits << z) >> 8u;
-    return ldexp(f32(m), -24 - i32(z));
+    return bitcast<f32>(((126u - z) << 23u) | (m & 0x7fffffu));
 }
 
 // -ln(1 - w) for w from w_from_bits.

@@ -36,6 +36,8 @@ fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
 // What the race needs to know about the row being resampled.
 struct RaceCtx {
     st: RowStats,
+    inv_sum: f32,   // 1 / Σ exp((l - max) / T): one division per row, not per token
+    inv_qsum: f32,  // the same for the draft logits
     inv_t: f32,
     use_q: bool,    // subtract q (TASK_DRAFT_RESIDUAL)
     q_logits: bool, // q given as logits (else probabilities)
@@ -86,13 +88,13 @@ fn load_draft4(base: u32, y: u32) -> vec4<f32> {
 // One entry of the exponential race: keys r(y)/e_y and p(y)/e_y against the best so far.
 fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32) -> Candidate {
     var best = best_in;
-    let p = exp((l - c.st.t_max) * c.inv_t) / c.st.t_sum;
+    let p = exp((l - c.st.t_max) * c.inv_t) * c.inv_sum;
     var res = p;
     if (c.use_q) {
         var q = 0.0;
         if (y < params.draft_vocab) {
             if (c.q_logits) {
-                q = exp((dv - c.st.q_max) * c.inv_t) / c.st.q_sum;
+                q = exp((dv - c.st.q_max) * c.inv_t) * c.inv_qsum;
             } else if (!(is_nan(dv) || is_pos_inf(dv) || dv < 0.0)) {
                 q = dv;
             }
@@ -154,7 +156,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let pos = row_position(info, task.local_row);
 
     var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
-    let ctx = RaceCtx(st, inv_t, use_q, q_logits, task.kind, task.draft_token);
+    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, q_logits, task.kind, task.draft_token);
     // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
     // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {

@@ -87,10 +87,10 @@ pub fn w_from_bits(bits: u32) -> f32 {
     if bits == 0 {
         return 1.164_153_2e-10; // 2^-33
     }
+    // w = m · 2^(-24 - z), m in [2^23, 2^24): exponent 126 − z, mantissa m − 2^23 (exact).
     let z = bits.leading_zeros();
     let m = (bits << z) >> 8;
-    // m < 2^24 converts exactly; the power of two scales exactly (no underflow: z <= 31).
-    m as f32 * f32::from_bits(((127 - 24 - z as i32) as u32) << 23)
+    f32::from_bits(((126 - z) << 23) | (m & 0x7f_ffff))
 }
 
 /// `-ln(1 − w)` for a `w` from [`w_from_bits`] (see [`exp1_from_bits`]).

@@ -77,13 +77,21 @@ impl Kernel {
 
     /// The full source handed to the device for `variant`: common declarations, the `mulhi32`
     /// of the variant, then the kernel.
+    ///
+    /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
+    /// replaces the built-in kernel body (to time shader experiments on a device without
+    /// rebuilding). Never set it in production.
     pub fn source(self, variant: Variant) -> String {
         let mulhi = if variant.int64 {
             MULHI_INT64
         } else {
             MULHI_U32
         };
-        format!("{COMMON}\n{mulhi}\n{}", self.body())
+        let body = std::env::var_os("SPECDEC_SHADER_DIR")
+            .map(|dir| std::path::Path::new(&dir).join(format!("{}.wgsl", self.name())))
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_else(|| self.body().to_string());
+        format!("{COMMON}\n{mulhi}\n{body}")
     }
 }
 

@@ -44,11 +44,13 @@ pub fn candidate(
     let q_logits = plan.draft_kind == DRAFT_LOGITS;
     let mut best = Candidate::default();
     let mut words = [0u32; 4];
+    // One division per row, as the kernel does.
+    let (inv_sum, inv_qsum) = (1.0 / st.t_sum, 1.0 / st.q_sum);
     for (y, &l) in target.iter().enumerate() {
         if y % 4 == 0 {
             words = random_words(info.seed(), pos, stream, (y / 4) as u32);
         }
-        let p = ((l - st.t_max) * inv_t).exp() / st.t_sum;
+        let p = ((l - st.t_max) * inv_t).exp() * inv_sum;
         let mut res = p;
         if use_q {
             let mut q = 0.0;
@@ -56,7 +58,7 @@ pub fn candidate(
                 if y < plan.draft_vocab as usize {
                     let v = draft[y];
                     q = if q_logits {
-                        ((v - st.q_max) * inv_t).exp() / st.q_sum
+                        ((v - st.q_max) * inv_t).exp() * inv_qsum
                     } else {
                         sanitize_prob(v)
                     };
