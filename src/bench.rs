@@ -553,25 +553,6 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         None => None,
                     };
                     let host_us = median(&mut host);
-                    // 4. The baseline users have today: copy the logits to the host, verify there.
-                    let baseline_us =
-                        (cfg.baseline_reps > 0 && k == cfg.baseline_k && v == cfg.baseline_vocab)
-                            .then(|| {
-                                baseline(
-                                    &device,
-                                    &queue,
-                                    &cpu,
-                                    &host_batch,
-                                    &t_buf,
-                                    n_t,
-                                    mode,
-                                    &d_buf,
-                                    &p_buf,
-                                    n_d,
-                                    cfg.baseline_reps,
-                                )
-                            })
-                            .transpose()?;
                     let bytes = ((n_t + if mode.has_draft_rows() { n_d } else { 0 }) * 4) as u64;
                     let row = BenchRow {
                         mode,
@@ -582,7 +563,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         call_us,
                         bytes,
                         gbps: bytes as f64 / gpu_us / 1e3,
-                        baseline_us,
+                        baseline_us: None,
                         mismatches: bad,
                         anchor: anchor(mode, r, k, v),
                         kernels_us,
@@ -592,6 +573,73 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     rows.push(row);
                 }
             }
+        }
+    }
+    // 4. The baseline users have today: copy the logits to the host and verify there. It runs
+    // after every timed point: its gigabytes of mapped host memory slowed the GPU timings that
+    // followed it on the H200 (seen 2026-11-21), so it must not precede them.
+    if cfg.baseline_reps > 0 {
+        let (ru, ku, vu) = (
+            *cfg.batches.iter().max().unwrap_or(&1) as usize,
+            cfg.baseline_k as usize,
+            cfg.baseline_vocab as usize,
+        );
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bench.baseline_staging"),
+            size: ((ru * (2 * ku + 1) * vu * 4) as u64).next_multiple_of(16),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        for row in rows
+            .iter_mut()
+            .filter(|r| r.k == cfg.baseline_k && r.vocab == cfg.baseline_vocab)
+        {
+            let (v, r, k, mode) = (row.vocab, row.batch, row.k, row.mode);
+            let (vu, ru, ku) = (v as usize, r as usize, k as usize);
+            let (n_t, n_d) = (ru * (ku + 1) * vu, ru * ku * vu);
+            let drafts = drafts_for(
+                &host_t[..n_t],
+                vu,
+                ru,
+                ku,
+                u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
+            );
+            let requests = requests_for(mode, ru, k);
+            if mode == BenchMode::DraftProbs {
+                softmax_rows(&host_d[..n_d], vu, &mut probs);
+                queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
+            }
+            let host_batch = VerifyBatch {
+                vocab_size: v,
+                requests: &requests,
+                draft_token_ids: &drafts,
+                target_logits: &host_t[..n_t],
+                draft: Draft::OneHot,
+                synthetic_rates: None,
+            };
+            let src = match mode {
+                BenchMode::DraftProbs => Some(&p_buf),
+                BenchMode::DraftLogits => Some(&d_buf),
+                _ => None,
+            };
+            row.baseline_us = Some(baseline(
+                &device,
+                &queue,
+                &cpu,
+                &host_batch,
+                &t_buf,
+                n_t,
+                mode,
+                src,
+                n_d,
+                &staging,
+                cfg.baseline_reps,
+            )?);
+            progress(&format!(
+                "baseline {} R={r} k={k} V={v}: copy logits to host + CPU verify {:.0} us",
+                mode.name(),
+                row.baseline_us.unwrap_or(f64::NAN)
+            ));
         }
     }
     Ok(BenchReport {
@@ -743,6 +791,8 @@ fn ceilings(
     Ok((copy_gbps, best))
 }
 
+/// Median wall time of copying a point's logits (and draft rows) to host memory through
+/// `staging` and verifying them with the CPU twin there.
 #[allow(clippy::too_many_arguments)]
 fn baseline(
     device: &wgpu::Device,
@@ -752,35 +802,23 @@ fn baseline(
     t_buf: &wgpu::Buffer,
     n_t: usize,
     mode: BenchMode,
-    d_buf: &wgpu::Buffer,
-    p_buf: &wgpu::Buffer,
+    draft_src: Option<&wgpu::Buffer>,
     n_d: usize,
+    staging: &wgpu::Buffer,
     reps: usize,
 ) -> Result<f64, Error> {
-    let with_draft = mode.has_draft_rows();
-    let total = (n_t + if with_draft { n_d } else { 0 }) * 4;
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench.baseline_staging"),
-        size: (total as u64).next_multiple_of(16),
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
+    let total = (n_t + if draft_src.is_some() { n_d } else { 0 }) * 4;
     let mut times = Vec::new();
     let mut host = vec![0f32; total / 4];
     for _ in 0..reps {
         let t0 = Instant::now();
         let mut enc = device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(t_buf, 0, &staging, 0, (n_t * 4) as u64);
-        if with_draft {
-            let src = if mode == BenchMode::DraftProbs {
-                p_buf
-            } else {
-                d_buf
-            };
-            enc.copy_buffer_to_buffer(src, 0, &staging, (n_t * 4) as u64, (n_d * 4) as u64);
+        enc.copy_buffer_to_buffer(t_buf, 0, staging, 0, (n_t * 4) as u64);
+        if let Some(src) = draft_src {
+            enc.copy_buffer_to_buffer(src, 0, staging, (n_t * 4) as u64, (n_d * 4) as u64);
         }
         let idx = queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
+        let slice = staging.slice(..total as u64);
         slice.map_async(wgpu::MapMode::Read, |_| {});
         device
             .poll(wgpu::PollType::Wait {
@@ -794,7 +832,7 @@ fn baseline(
             let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
                 detail: e.to_string(),
             })?;
-            host.copy_from_slice(&bytemuck::cast_slice::<u8, f32>(&view)[..total / 4]);
+            host.copy_from_slice(bytemuck::cast_slice::<u8, f32>(&view));
         }
         staging.unmap();
         let (t, d) = host.split_at(n_t);
