@@ -208,8 +208,15 @@ impl Verifier {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Gpu(g) => format!(
-                "GPU: {} ({:?}, {:?})",
-                g.info.name, g.info.backend, g.info.device_type
+                "GPU: {} ({:?}, {:?}{})",
+                g.info.name,
+                g.info.backend,
+                g.info.device_type,
+                if g.variant.int64 {
+                    ", int64 Philox"
+                } else {
+                    ""
+                }
             ),
             Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),
         }
