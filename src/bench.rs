@@ -1246,3 +1246,137 @@ impl BenchReport {
         format!("{}-{}", self.date, slug)
     }
 }
+
+/// Help text of the benchmark command (`specdec bench` and `cargo bench --bench verify`).
+pub const HELP: &str = "\
+Benchmark the verify step on this machine (checks every point against the CPU twin first).
+
+Options:
+  --quick             small grid: R 1,8,32 x k 1,4 x V 32000, 5 reps (software adapters, CPU)
+  --cpu               run the CPU backend instead of the GPU
+  --batch 1,8,32,128  requests per batch      --k 1,4,8          drafts per request
+  --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
+  --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
+  --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
+  --out DIR           where the CSV and SVG go (default benches/results)
+";
+
+/// Runs the benchmark command line `args` (without the program name); returns the exit code.
+/// Progress and the table go to stdout, errors to stderr as one line each.
+pub fn main_with_args(args: &[String]) -> i32 {
+    fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
+        s.split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .map_err(|_| format!("{flag}: {x:?} is not a number"))
+            })
+            .collect()
+    }
+    let parsed = (|| -> Result<Option<(BenchConfig, std::path::PathBuf, bool)>, String> {
+        let mut cfg = if args.iter().any(|a| a == "--quick") {
+            BenchConfig::quick()
+        } else {
+            BenchConfig::full()
+        };
+        let mut out = std::path::PathBuf::from("benches/results");
+        let mut cpu = false;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{a} needs a value"))
+            };
+            match a.as_str() {
+                "--quick" => {}
+                "--cpu" => cpu = true,
+                "--no-baseline" => cfg.baseline_reps = 0,
+                "--portable" => cfg.shader_int64 = false,
+                "--reps" => {
+                    cfg.reps = value()?
+                        .parse()
+                        .map_err(|_| "--reps needs a number".to_string())?
+                }
+                "--batch" => cfg.batches = list("--batch", &value()?)?,
+                "--k" => cfg.ks = list("--k", &value()?)?,
+                "--vocab" => cfg.vocabs = list("--vocab", &value()?)?,
+                "--target-wgs" => {
+                    cfg.target_workgroups = value()?
+                        .parse()
+                        .map_err(|_| "--target-wgs needs a number".to_string())?
+                }
+                "--out" => out = value()?.into(),
+                "--modes" => cfg.modes = value()?
+                    .split(',')
+                    .map(|m| {
+                        BenchMode::parse(m).ok_or_else(|| {
+                            format!(
+                                "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+                "-h" | "--help" => return Ok(None),
+                other => return Err(format!("unknown option {other:?}; see --help")),
+            }
+        }
+        if cfg.batches.is_empty()
+            || cfg.ks.is_empty()
+            || cfg.vocabs.is_empty()
+            || cfg.modes.is_empty()
+            || cfg.reps == 0
+        {
+            return Err(
+                "empty grid: --batch, --k, --vocab, --modes and --reps need at least one value"
+                    .into(),
+            );
+        }
+        Ok(Some((cfg, out, cpu)))
+    })();
+    let (cfg, out, cpu) = match parsed {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            print!("{HELP}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("specdec bench: {e}");
+            return 2;
+        }
+    };
+    let progress = |line: &str| println!("{line}");
+    let report = if cpu {
+        run_cpu(&cfg, progress)
+    } else {
+        run_gpu(&cfg, progress)
+    };
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("specdec bench: {e}");
+            return 1;
+        }
+    };
+    println!("\n{}", report.table());
+    let stem = out.join(report.file_stem());
+    let written = std::fs::create_dir_all(&out)
+        .and_then(|_| std::fs::write(stem.with_extension("csv"), report.csv()))
+        .and_then(|_| std::fs::write(stem.with_extension("svg"), report.svg()));
+    if let Err(e) = written {
+        eprintln!("specdec bench: cannot write {}: {e}", stem.display());
+        return 1;
+    }
+    println!("wrote {}.csv and .svg", stem.display());
+    let bad: usize = report.rows.iter().map(|r| r.mismatches).sum();
+    println!("twin mismatches over the grid: {bad}");
+    if report
+        .rows
+        .iter()
+        .any(|r| r.mode == BenchMode::Greedy && r.mismatches > 0)
+    {
+        eprintln!("specdec bench: greedy results differ from the CPU twin");
+        return 1;
+    }
+    0
+}

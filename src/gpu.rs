@@ -17,25 +17,28 @@ const PARAM_SLOT: u64 = 256;
 /// Bytes of `Params`.
 const PARAMS_BYTES: usize = std::mem::size_of::<Params>();
 
-/// Finds the adapter `Verifier::new` uses: `WGPU_BACKEND` limits the backends,
-/// `WGPU_ADAPTER_NAME` (case-insensitive substring) picks one by name; otherwise the best by type
-/// (discrete, integrated, virtual, other, CPU/software), native APIs before OpenGL.
-pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
+/// Every adapter of the backends `WGPU_BACKEND` allows (all by default), filtered by
+/// `WGPU_ADAPTER_NAME` (case-insensitive substring) when it is set.
+pub(crate) fn enumerate() -> Vec<wgpu::Adapter> {
     let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends = backends;
     let instance = wgpu::Instance::new(desc);
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-    let seen: Vec<String> = adapters
-        .iter()
-        .map(|a| {
-            let i = a.get_info();
-            format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
-        })
-        .collect();
     let wanted = std::env::var("WGPU_ADAPTER_NAME")
         .ok()
         .map(|s| s.to_lowercase());
+    pollster::block_on(instance.enumerate_adapters(backends))
+        .into_iter()
+        .filter(|a| match &wanted {
+            Some(w) => a.get_info().name.to_lowercase().contains(w.as_str()),
+            None => true,
+        })
+        .collect()
+}
+
+/// Indices of `adapters`, best first: discrete, integrated, virtual, other, CPU (software); native
+/// APIs before OpenGL.
+pub(crate) fn rank_adapters(adapters: &[wgpu::Adapter]) -> Vec<usize> {
     let rank = |a: &wgpu::Adapter| {
         let i = a.get_info();
         let ty = match i.device_type {
@@ -47,26 +50,28 @@ pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
         };
         (ty, u8::from(i.backend == wgpu::Backend::Gl))
     };
-    let mut candidates: Vec<wgpu::Adapter> = adapters
-        .into_iter()
-        .filter(|a| match &wanted {
-            Some(w) => a.get_info().name.to_lowercase().contains(w.as_str()),
-            None => true,
-        })
-        .collect();
-    candidates.sort_by_key(rank);
-    candidates
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::NoAdapter {
+    let mut idx: Vec<usize> = (0..adapters.len()).collect();
+    idx.sort_by_key(|&i| rank(&adapters[i]));
+    idx
+}
+
+/// Finds the adapter `Verifier::new` uses: `WGPU_BACKEND` limits the backends,
+/// `WGPU_ADAPTER_NAME` (case-insensitive substring) picks one by name; otherwise the best by type
+/// (discrete, integrated, virtual, other, CPU/software), native APIs before OpenGL.
+pub fn select_adapter() -> Result<wgpu::Adapter, Error> {
+    let mut adapters = enumerate();
+    match rank_adapters(&adapters).first() {
+        Some(&i) => Ok(adapters.swap_remove(i)),
+        None => Err(Error::NoAdapter {
             detail: format!(
-                "backends {backends:?}{}; adapters seen: [{}]",
-                wanted
+                "backends {:?}{}: none found",
+                wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+                std::env::var("WGPU_ADAPTER_NAME")
                     .map(|w| format!(", WGPU_ADAPTER_NAME={w:?}"))
-                    .unwrap_or_default(),
-                seen.join(", ")
+                    .unwrap_or_default()
             ),
-        })
+        }),
+    }
 }
 
 /// The limits we ask of an adapter: WebGPU's downlevel defaults, raised to what the adapter

@@ -12,8 +12,8 @@
 //!
 //! ```no_run
 //! use specdec::{Draft, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
-//! let verifier = Verifier::new(VerifierOptions::default())
-//!     .unwrap_or_else(|_| Verifier::cpu(VerifierOptions::default()));
+//! // A real GPU if there is one, else the CPU backend (see `device` for the policy).
+//! let verifier = Verifier::auto(VerifierOptions::default()).unwrap();
 //! let vocab = 8;
 //! let requests = [Request { num_drafts: 2, params: SamplingParams::seeded(1.0, 42), position: 17 }];
 //! let logits = vec![0.0f32; 3 * vocab];
@@ -35,10 +35,12 @@
 mod batch;
 pub mod bench;
 mod cpu;
+pub mod device;
 mod error;
 mod gpu;
 pub mod layout;
 pub mod rng;
+pub mod selftest;
 pub mod shaders;
 pub mod stats;
 mod verifier;
@@ -47,6 +49,7 @@ pub use batch::{
     Draft, Fault, Request, Rule, SamplingParams, Status, VerifyBatch, VerifyOutput,
     MAX_DRAFTS_PER_REQUEST,
 };
+pub use device::DeviceChoice;
 pub use error::Error;
 pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows, Timestamps};
 pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};

@@ -38,6 +38,9 @@ pub struct VerifierOptions {
     /// Seed of the generator that draws seeds for requests with `seed: None`; default from the
     /// clock (calls with `None` seeds then differ run to run, as they should).
     pub seed_source: Option<u64>,
+    /// Where [`Verifier::auto`] runs (default: a real GPU if there is one, else the CPU
+    /// backend); the environment variable `SPECDEC_DEVICE=cpu|gpu|auto` overrides it.
+    pub device: crate::DeviceChoice,
     #[doc(hidden)]
     /// Deliberately wrong sampler, only for the negative controls of statistical tests.
     pub fault: Fault,
@@ -53,6 +56,7 @@ impl Default for VerifierOptions {
             timeout: Duration::from_secs(60),
             cpu_threads: None,
             seed_source: None,
+            device: crate::DeviceChoice::Auto,
             fault: Fault::None,
         }
     }
@@ -113,6 +117,18 @@ impl PendingVerify {
 }
 
 impl Verifier {
+    /// A verifier where the backend policy puts it ([`crate::device`]): a real GPU if there is
+    /// one, otherwise the CPU backend (a software adapter such as llvmpipe is slower than the
+    /// CPU backend, so it is used only when asked for). `SPECDEC_DEVICE=cpu|gpu|auto` and
+    /// [`VerifierOptions::device`] override the choice.
+    pub fn auto(opts: VerifierOptions) -> Result<Verifier, Error> {
+        let decision = crate::device::decide(opts.device)?;
+        if decision.use_cpu {
+            return Ok(Verifier::cpu(opts));
+        }
+        Verifier::new(opts)
+    }
+
     /// A GPU verifier on the adapter chosen by [`gpu::select_adapter`] (honours `WGPU_BACKEND`
     /// and `WGPU_ADAPTER_NAME`), with limits negotiated within what the adapter offers.
     pub fn new(opts: VerifierOptions) -> Result<Verifier, Error> {
