@@ -1307,16 +1307,18 @@ pub fn main_with_args(args: &[String]) -> i32 {
                         .map_err(|_| "--target-wgs needs a number".to_string())?
                 }
                 "--out" => out = value()?.into(),
-                "--modes" => cfg.modes = value()?
-                    .split(',')
-                    .map(|m| {
-                        BenchMode::parse(m).ok_or_else(|| {
-                            format!(
+                "--modes" => {
+                    cfg.modes = value()?
+                        .split(',')
+                        .map(|m| {
+                            BenchMode::parse(m).ok_or_else(|| {
+                                format!(
                                 "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
                             )
+                            })
                         })
-                    })
-                    .collect::<Result<_, _>>()?,
+                        .collect::<Result<_, _>>()?
+                }
                 "-h" | "--help" => return Ok(None),
                 other => return Err(format!("unknown option {other:?}; see --help")),
             }

@@ -137,49 +137,50 @@ pub fn decide(requested: DeviceChoice) -> Result<Decision, crate::Error> {
     let best = crate::gpu::rank_adapters(&all)
         .into_iter()
         .find(|&i| adapters[i].usable);
-    let decision =
-        match best {
-            None if choice == DeviceChoice::Gpu => return Err(crate::Error::NoAdapter {
+    let decision = match best {
+        None if choice == DeviceChoice::Gpu => {
+            return Err(crate::Error::NoAdapter {
                 detail: format!(
                     "SPECDEC_DEVICE / VerifierOptions::device asks for a GPU; adapters seen: {}",
                     names(&adapters)
                 ),
-            }),
-            None => Decision {
-                reason: format!("no usable GPU adapter (seen: {})", names(&adapters)),
-                adapters,
-                gpu: None,
-                use_cpu: true,
-            },
-            Some(i) if adapters[i].software && choice == DeviceChoice::Auto && named.is_none() => {
-                Decision {
-                    reason: format!(
+            })
+        }
+        None => Decision {
+            reason: format!("no usable GPU adapter (seen: {})", names(&adapters)),
+            adapters,
+            gpu: None,
+            use_cpu: true,
+        },
+        Some(i) if adapters[i].software && choice == DeviceChoice::Auto && named.is_none() => {
+            Decision {
+                reason: format!(
                 "the only adapter is software ({}); the CPU backend is faster than an emulated GPU \
                  (set SPECDEC_DEVICE=gpu or WGPU_ADAPTER_NAME to use it anyway)",
                 adapters[i].name
             ),
-                    adapters,
-                    gpu: Some(i),
-                    use_cpu: true,
-                }
-            }
-            Some(i) => Decision {
-                reason: match (&named, adapters[i].software) {
-                    (Some(n), _) => format!("WGPU_ADAPTER_NAME={n:?} selects it"),
-                    (None, true) => {
-                        "SPECDEC_DEVICE=gpu asks for a GPU; this software adapter is the only one"
-                            .into()
-                    }
-                    (None, false) => format!(
-                        "the best {} adapter found",
-                        adapters[i].device_type.to_lowercase()
-                    ),
-                },
                 adapters,
                 gpu: Some(i),
-                use_cpu: false,
+                use_cpu: true,
+            }
+        }
+        Some(i) => Decision {
+            reason: match (&named, adapters[i].software) {
+                (Some(n), _) => format!("WGPU_ADAPTER_NAME={n:?} selects it"),
+                (None, true) => {
+                    "SPECDEC_DEVICE=gpu asks for a GPU; this software adapter is the only one"
+                        .into()
+                }
+                (None, false) => format!(
+                    "the best {} adapter found",
+                    adapters[i].device_type.to_lowercase()
+                ),
             },
-        };
+            adapters,
+            gpu: Some(i),
+            use_cpu: false,
+        },
+    };
     Ok(decision)
 }
 

@@ -15,7 +15,16 @@ pub fn gpu() -> Option<&'static Verifier> {
             eprintln!("SKIPPED GPU part: SPECDEC_SKIP_GPU=1");
             return None;
         }
-        match Verifier::new(VerifierOptions::default()) {
+        let made = match std::env::var("SPECDEC_TEST_LIMITS").as_deref() {
+            // The strictest limits a WebGPU implementation may give (128 MiB bindings, 256
+            // invocations, 16 KiB workgroup storage, 8 storage buffers per stage).
+            Ok("webgpu") => with_limits(wgpu::Limits::default()),
+            Ok(other) if !other.is_empty() => {
+                panic!("SPECDEC_TEST_LIMITS={other:?}: use webgpu or leave it unset")
+            }
+            _ => Verifier::new(VerifierOptions::default()),
+        };
+        match made {
             Ok(v) => {
                 eprintln!("GPU tests run on {}", v.describe());
                 Some(v)
@@ -26,6 +35,20 @@ pub fn gpu() -> Option<&'static Verifier> {
         }
     })
     .as_ref()
+}
+
+/// A GPU verifier on a device requested with exactly `limits` (not the adapter's maxima).
+pub fn with_limits(limits: wgpu::Limits) -> Result<Verifier, specdec::Error> {
+    let adapter = specdec::select_adapter()?;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("specdec.tests.limits"),
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .map_err(|e| specdec::Error::RequestDevice {
+        detail: e.to_string(),
+    })?;
+    Verifier::with_device(device, queue, VerifierOptions::default())
 }
 
 /// A CPU verifier mirroring the GPU's default dispatch shape.
