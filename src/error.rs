@@ -81,6 +81,11 @@ pub enum Error {
         /// The offset given.
         offset: u64,
     },
+    /// A GPU buffer lacks `BufferUsages::STORAGE`.
+    BufferUsage {
+        /// Which buffer.
+        what: &'static str,
+    },
     /// One row of logits is larger than the device's largest storage binding.
     RowTooLarge {
         /// Bytes of one row.
@@ -183,6 +188,11 @@ impl fmt::Display for Error {
                 got_elements % (*vocab_size).max(1) as usize
             ),
             Error::SyntheticRates { reason } => write!(f, "synthetic rates: {reason}"),
+            Error::BufferUsage { what } => write!(
+                f,
+                "the {what} buffer was created without BufferUsages::STORAGE; add it so the \
+                 kernels can read the buffer in place"
+            ),
             Error::BufferTooSmall { what, needed, size } => write!(
                 f,
                 "the {what} buffer has {size} bytes but offset + rows × vocab × 4 needs {needed}"

@@ -585,6 +585,9 @@ impl GpuBackend {
             ("draft", plan.total_drafts, dv, draft),
         ] {
             if let Some(b) = b {
+                if !b.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+                    return Err(Error::BufferUsage { what });
+                }
                 if !b.offset.is_multiple_of(4) {
                     return Err(Error::MisalignedOffset {
                         what,
