@@ -533,6 +533,15 @@ impl GpuBackend {
         }
     }
 
+    /// Returns a workspace to the pool after a call that completed; after a failed one (a
+    /// timeout, a lost device) the GPU may still use its buffers, so it is dropped instead (wgpu
+    /// frees them once the GPU is done).
+    pub(crate) fn give_back_if_ok<T, E>(&self, ws: Workspace, result: &Result<T, E>) {
+        if result.is_ok() {
+            self.give_back(ws);
+        }
+    }
+
     /// Uploads host slices into the workspace's upload buffers (pooled), for the host-slice API.
     pub(crate) fn upload(
         &self,
@@ -844,6 +853,15 @@ impl GpuBackend {
                 (out_words * 4) as u64,
             );
         })
+        .map_err(|e| self.lift(e))
+    }
+
+    /// [`GpuBackend::diagnose`] for an error already typed.
+    fn lift(&self, e: Error) -> Error {
+        match e {
+            Error::Gpu { detail } => self.diagnose(detail),
+            other => other,
+        }
     }
 
     /// Starts mapping the readback of a recorded verification; the returned flag is set by
@@ -874,13 +892,31 @@ impl GpuBackend {
             Err(wgpu::PollError::Timeout) => Err(Error::Timeout {
                 waited: self.timeout,
             }),
-            Err(e) => {
-                self.check_alive()?;
-                Err(Error::Gpu {
-                    detail: e.to_string(),
-                })
-            }
+            Err(e) => Err(self.diagnose(e.to_string())),
         }
+    }
+
+    /// Turns a failure into `DeviceLost` when the device is gone: wgpu reports the loss through
+    /// its callback (our own devices) only once polled, and a destroyed device refuses
+    /// submissions without an error scope seeing it (the wait then names a submission that was
+    /// "not returned by a successful submission"). The loss is sticky: later calls fail fast.
+    pub(crate) fn diagnose(&self, detail: String) -> Error {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        if let Err(lost) = self.check_alive() {
+            return lost;
+        }
+        let refused = detail.contains("not been returned by a successful submission");
+        let invalid =
+            detail.contains("Device is invalid") || detail.to_lowercase().contains("device lost");
+        if refused || invalid {
+            let reason = format!(
+                "the device refused work ({})",
+                detail.lines().next().unwrap_or_default()
+            );
+            *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+            return Error::DeviceLost { detail: reason };
+        }
+        Error::Gpu { detail }
     }
 
     /// One non-blocking poll, for the async path.
@@ -963,7 +999,7 @@ impl GpuBackend {
             offset: 0,
         });
         self.record(&mut encoder, ws, plan, t, d, Timestamps::None)?;
-        scoped(&self.device, || self.queue.submit([encoder.finish()]))
+        scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
     }
 
     /// Records the read-bandwidth kernel over all of `data` (a multiple of 16 bytes) with

@@ -296,7 +296,7 @@ impl Verifier {
                     })?;
                     Ok(plan.decode_output(&w))
                 })();
-                g.give_back(ws);
+                g.give_back_if_ok(ws, &result);
                 result
             }
         }
@@ -333,7 +333,7 @@ impl Verifier {
                     }
                     Err(e) => Err(e),
                 };
-                g.give_back(ws);
+                g.give_back_if_ok(ws, &result);
                 result
             }
         }
@@ -410,7 +410,7 @@ impl Verifier {
             })?;
             Ok(plan.decode_output(&w))
         })();
-        g.give_back(ws);
+        g.give_back_if_ok(ws, &result);
         result
     }
 
@@ -431,7 +431,7 @@ impl Verifier {
         }
         .await
         .map(|w| plan.decode_output(&w));
-        g.give_back(ws);
+        g.give_back_if_ok(ws, &result);
         result
     }
 

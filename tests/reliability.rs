@@ -1,0 +1,396 @@
+//! Reliability (issue 6): adversarial numbers, a time-boxed fuzzer over the host API, device loss,
+//! timeouts, 10,000 calls without memory growth, and use from several threads.
+
+mod common;
+use common::*;
+use specdec::{Error, Status, Verifier, VerifierOptions, VerifyOutput};
+use std::time::{Duration, Instant};
+
+/// What must always hold (SPEC §4): ids in [0, V); accepted tokens are the drafts and never -1;
+/// every slot after the emitted ones is -1; no emitted token has target probability 0 (logit
+/// -inf or NaN), unless the row was flagged non-finite (then no token has a defined p).
+fn check_invariants(b: &Owned, out: &VerifyOutput) -> Result<(), String> {
+    let v = b.vocab as usize;
+    let (mut row, mut drow) = (0usize, 0usize);
+    for (r, req) in b.requests.iter().enumerate() {
+        let k = req.num_drafts as usize;
+        let n = out.num_emitted[r] as usize;
+        if !(1..=k + 1).contains(&n) {
+            return Err(format!("request {r}: {n} emitted of k = {k}"));
+        }
+        let e = out.emitted(r);
+        for (i, &t) in e.iter().enumerate() {
+            if t < 0 || t as usize >= v {
+                return Err(format!("request {r}: token {t} outside [0, {v})"));
+            }
+            if i + 1 < n && t != b.drafts[drow + i] {
+                return Err(format!(
+                    "request {r}: accepted token {t} is not draft {}",
+                    b.drafts[drow + i]
+                ));
+            }
+            let l = b.target[(row + i) * v + t as usize];
+            let flagged = out.status[r].contains(Status::TARGET_NONFINITE) && i + 1 == n;
+            if !flagged && (l.is_nan() || l == f32::NEG_INFINITY) {
+                return Err(format!(
+                    "request {r}: token {t} at position {i} has target probability 0 (logit {l})"
+                ));
+            }
+        }
+        if out.tokens[r * out.stride + n..(r + 1) * out.stride]
+            .iter()
+            .any(|&t| t != -1)
+        {
+            return Err(format!(
+                "request {r}: a slot after the emitted tokens is not -1"
+            ));
+        }
+        row += k + 1;
+        drow += k;
+    }
+    Ok(())
+}
+
+/// A batch with adversarial values sprinkled in: `special` picks from NaN, ±inf, huge, denormal.
+fn adversarial(g: &mut Gen, vocab: u32, ks: &[u32], kind: u8, rate: f64) -> Owned {
+    let mut b = Owned::random(g, vocab, ks, &[0.0, 1.0, 0.3, 2.0, 1e-6, 1e6], kind, 0.6);
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        3.0e38,
+        -3.0e38,
+        1.0e-40,
+        -1.0e-40,
+        0.0,
+    ];
+    for x in b.target.iter_mut() {
+        if g.unit() < rate {
+            *x = specials[g.below(specials.len())];
+        }
+    }
+    // Whole rows of -inf now and then.
+    let v = vocab as usize;
+    let rows = b.target.len() / v;
+    for _ in 0..rows / 5 {
+        let r = g.below(rows);
+        b.target[r * v..(r + 1) * v].fill(f32::NEG_INFINITY);
+    }
+    match kind {
+        1 => {
+            // Unnormalised, negative, NaN, infinite probabilities; q(d) = 0 exactly at times.
+            for x in b.draft.iter_mut() {
+                let u = g.unit();
+                if u < rate {
+                    *x = [f32::NAN, -0.5, f32::INFINITY, 0.0, 7.0][g.below(5)];
+                } else if u < 2.0 * rate {
+                    *x *= 5.0;
+                }
+            }
+            let (mut drow, dv) = (0usize, v);
+            for &k in ks {
+                for i in 0..k as usize {
+                    let d = b.drafts[drow + i];
+                    if d >= 0 && g.unit() < 0.2 {
+                        b.draft[(drow + i) * dv + d as usize] = 0.0;
+                    }
+                }
+                drow += k as usize;
+            }
+        }
+        2 => {
+            for x in b.draft.iter_mut() {
+                if g.unit() < rate {
+                    *x = specials[g.below(specials.len())];
+                }
+            }
+        }
+        _ => {}
+    }
+    b
+}
+
+#[test]
+fn adversarial_numbers_keep_the_invariants() {
+    let mut cases = 0;
+    each_backend(|v: &Verifier| {
+        let mut g = Gen::new(13);
+        for vocab in [2u32, 7, 300, 4097] {
+            for kind in 0..3u8 {
+                for rate in [0.0, 0.01, 0.2, 1.0] {
+                    let b = adversarial(&mut g, vocab, &[0, 1, 3, 2, 5], kind, rate);
+                    let out = v
+                        .verify_blocking(&b.batch())
+                        .unwrap_or_else(|e| panic!("V={vocab} kind={kind} rate={rate}: {e}"));
+                    if let Err(msg) = check_invariants(&b, &out) {
+                        panic!("{} V={vocab} kind={kind} rate={rate}: {msg}", v.describe());
+                    }
+                }
+            }
+        }
+    });
+    cases += 4 * 3 * 4;
+    println!("{cases} adversarial batches per backend");
+}
+
+#[test]
+fn nan_rows_are_reported_per_request() {
+    each_backend(|v: &Verifier| {
+        let mut g = Gen::new(14);
+        let mut b = Owned::random(&mut g, 50, &[2, 2], &[1.0, 0.0], 0, 0.9);
+        b.target[3 * 50 + 7] = f32::NAN; // request 1, row 0
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert!(out.status[1].contains(Status::TARGET_NONFINITE));
+        assert_eq!(out.num_emitted[1], 1);
+        assert!(
+            !out.status[0].contains(Status::TARGET_NONFINITE),
+            "the neighbour is not affected"
+        );
+    });
+}
+
+/// Random shapes, modes, temperatures and special values for a bounded time
+/// (`SPECDEC_FUZZ_SECS`, default 20): invariants on both backends, greedy requests identical
+/// between GPU and CPU, and no panic. Longer by hand: `SPECDEC_FUZZ_SECS=600 cargo test --release
+/// --test reliability fuzz -- --nocapture`.
+#[test]
+fn fuzz_the_host_api() {
+    let secs: u64 = std::env::var("SPECDEC_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let seed: u64 = std::env::var("SPECDEC_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2026);
+    let mut g = Gen::new(seed);
+    let c = cpu();
+    let gpu_v = gpu();
+    let t0 = Instant::now();
+    let (mut runs, mut greedy_compared) = (0u64, 0u64);
+    while t0.elapsed() < Duration::from_secs(secs) {
+        let vocab = 1 + g.below(3000) as u32;
+        let r = g.below(10);
+        let ks: Vec<u32> = (0..r).map(|_| g.below(7) as u32).collect();
+        let kind = g.below(3) as u8;
+        let rate = [0.0, 0.001, 0.05, 0.5][g.below(4)];
+        let mut b = adversarial(&mut g, vocab, &ks, kind, rate);
+        // Invalid drafts now and then.
+        for d in b.drafts.iter_mut() {
+            if g.unit() < 0.05 {
+                *d = -1;
+            }
+        }
+        let want = c
+            .verify_blocking(&b.batch())
+            .unwrap_or_else(|e| panic!("run {runs} (seed {seed}): CPU error {e}"));
+        check_invariants(&b, &want).unwrap_or_else(|m| panic!("run {runs} (seed {seed}) CPU: {m}"));
+        if let Some(gv) = gpu_v {
+            let got = gv
+                .verify_blocking(&b.batch())
+                .unwrap_or_else(|e| panic!("run {runs} (seed {seed}): GPU error {e}"));
+            check_invariants(&b, &got)
+                .unwrap_or_else(|m| panic!("run {runs} (seed {seed}) GPU: {m}"));
+            for (i, req) in b.requests.iter().enumerate() {
+                if req.params.temperature == 0.0 {
+                    assert_eq!(
+                        got.emitted(i),
+                        want.emitted(i),
+                        "run {runs} (seed {seed}): greedy request {i} differs"
+                    );
+                    greedy_compared += 1;
+                }
+            }
+        }
+        runs += 1;
+    }
+    println!("fuzz: {runs} executions in {secs} s (seed {seed}), {greedy_compared} greedy requests compared GPU vs CPU, 0 findings");
+    assert!(runs > 10, "the fuzzer must actually run");
+}
+
+#[test]
+fn a_lost_device_gives_device_lost_and_a_new_verifier_recovers() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut g = Gen::new(15);
+    let b = Owned::random(&mut g, 500, &[3, 2], &[1.0, 0.0], 1, 0.7);
+    let v = Verifier::new(VerifierOptions::default()).unwrap();
+    let want = v.verify_blocking(&b.batch()).unwrap();
+    v.device().unwrap().0.destroy();
+    for attempt in 0..2 {
+        match v.verify_blocking(&b.batch()) {
+            Err(Error::DeviceLost { detail }) => assert!(!detail.is_empty()),
+            other => panic!("attempt {attempt} after destroy: expected DeviceLost, got {other:?}"),
+        }
+    }
+    let fresh = Verifier::new(VerifierOptions::default()).unwrap();
+    assert_eq!(
+        fresh.verify_blocking(&b.batch()).unwrap(),
+        want,
+        "a new Verifier recovers"
+    );
+}
+
+#[test]
+fn losing_the_device_during_a_call_is_an_error_not_a_panic() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut g = Gen::new(16);
+    let b = Owned::random(&mut g, 32000, &[8; 16], &[1.0], 2, 0.7);
+    let v = std::sync::Arc::new(Verifier::new(VerifierOptions::default()).unwrap());
+    let v2 = v.clone();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(5));
+        v2.device().unwrap().0.destroy();
+    });
+    let result = v.verify_blocking(&b.batch());
+    killer.join().unwrap();
+    match result {
+        Ok(out) => check_invariants(&b, &out).unwrap(), // finished before the loss
+        Err(Error::DeviceLost { .. }) | Err(Error::Gpu { .. }) => {}
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+    assert!(
+        matches!(v.verify_blocking(&b.batch()), Err(Error::DeviceLost { .. })),
+        "later calls report the loss"
+    );
+}
+
+#[test]
+fn a_wait_past_the_timeout_is_a_timeout_error_and_the_verifier_goes_on() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut g = Gen::new(17);
+    let big = Owned::random(&mut g, 32000, &[8; 32], &[1.0], 2, 0.7);
+    let v = Verifier::new(VerifierOptions {
+        timeout: Duration::from_nanos(1),
+        ..Default::default()
+    })
+    .unwrap();
+    match v.verify_blocking(&big.batch()) {
+        Err(Error::Timeout { waited }) => assert_eq!(waited, Duration::from_nanos(1)),
+        other => panic!("expected Timeout, got {:?}", other.map(|o| o.len())),
+    }
+    // A patient verifier on a fresh device gives the right answer.
+    let ok = Verifier::new(VerifierOptions::default()).unwrap();
+    assert_eq!(
+        ok.verify_blocking(&big.batch()).unwrap(),
+        cpu().verify_blocking(&big.batch()).unwrap()
+    );
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4)
+}
+
+#[test]
+fn ten_thousand_calls_without_memory_growth() {
+    let Some(v) = gpu() else { return };
+    let mut g = Gen::new(18);
+    // A pool of varied batches (shapes, modes, temperatures), reused round-robin.
+    let batches: Vec<Owned> = (0..24)
+        .map(|i| {
+            let ks: Vec<u32> = (0..1 + i % 4).map(|j| ((i + j) % 5) as u32).collect();
+            Owned::random(
+                &mut g,
+                [64, 500, 33][i % 3],
+                &ks,
+                &[0.0, 1.0, 0.7],
+                (i % 3) as u8,
+                0.7,
+            )
+        })
+        .collect();
+    let first: Vec<VerifyOutput> = batches
+        .iter()
+        .map(|b| v.verify_blocking(&b.batch()).unwrap())
+        .collect();
+    for i in 0..1000 {
+        v.verify_blocking(&batches[i % batches.len()].batch())
+            .unwrap();
+    }
+    let before = rss_kib();
+    let t0 = Instant::now();
+    for i in 0..10_000 {
+        let out = v
+            .verify_blocking(&batches[i % batches.len()].batch())
+            .unwrap();
+        if i % 997 == 0 {
+            assert_eq!(
+                out,
+                first[i % batches.len()],
+                "call {i} differs from the first run"
+            );
+        }
+    }
+    let after = rss_kib();
+    let fresh = Verifier::new(VerifierOptions::default()).unwrap();
+    for (b, f) in batches.iter().zip(&first) {
+        assert_eq!(
+            &fresh.verify_blocking(&b.batch()).unwrap(),
+            f,
+            "a fresh verifier gives the same results"
+        );
+    }
+    println!(
+        "10,000 calls in {:.1} s on {}: RSS {} KiB before, {} KiB after ({:+} KiB)",
+        t0.elapsed().as_secs_f64(),
+        v.describe(),
+        before,
+        after,
+        after as i64 - before as i64
+    );
+    assert!(
+        after <= before + 16 * 1024,
+        "RSS grew by {} KiB over 10,000 calls",
+        after - before
+    );
+}
+
+#[test]
+fn several_threads_share_one_verifier() {
+    each_backend(|v: &Verifier| {
+        let mut g = Gen::new(19);
+        let batches: Vec<Owned> = (0..8)
+            .map(|i| {
+                Owned::random(
+                    &mut g,
+                    700,
+                    &[i % 4, 2, 3],
+                    &[1.0, 0.0, 0.5],
+                    (i % 3) as u8,
+                    0.7,
+                )
+            })
+            .collect();
+        let want: Vec<VerifyOutput> = batches
+            .iter()
+            .map(|b| v.verify_blocking(&b.batch()).unwrap())
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (batches, want) = (&batches, &want);
+                s.spawn(move || {
+                    for round in 0..25 {
+                        let i = (t * 7 + round) % batches.len();
+                        assert_eq!(
+                            v.verify_blocking(&batches[i].batch()).unwrap(),
+                            want[i],
+                            "thread {t} round {round}"
+                        );
+                    }
+                });
+            }
+        });
+    });
+}
