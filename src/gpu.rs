@@ -683,9 +683,11 @@ impl GpuBackend {
             };
             // 16-byte loads when every row of the window starts on a 16-byte boundary.
             let vec4 = plan.vocab.is_multiple_of(4)
+                && t_range.1 >= 16
                 && t_base.is_multiple_of(4)
-                && (d_range.is_none()
-                    || (plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4)));
+                && d_range.is_none_or(|(_, (_, size))| {
+                    plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4) && size >= 16
+                });
             let p = Params {
                 flags: if vec4 { PARAM_VEC4 } else { 0 },
                 row_begin: w.row_begin as u32,
@@ -725,11 +727,22 @@ impl GpuBackend {
             let mut residual_groups = Vec::new();
             for (t_range, d_range) in &bindings {
                 let t = ranged(1, target.buffer, t_range.0, t_range.1);
-                let t4 = ranged(6, target.buffer, t_range.0, t_range.1);
+                // The vec4 views need at least one whole vec4; smaller windows never take the
+                // vec4 path (PARAM_VEC4 is off for them) and bind the dummy instead.
+                let t4 = if t_range.1 >= 16 {
+                    ranged(6, target.buffer, t_range.0, t_range.1)
+                } else {
+                    entry(6, &self.dummy)
+                };
                 let (d, d4) = match d_range {
-                    Some((buf, (off, size))) => {
-                        (ranged(2, buf, *off, *size), ranged(7, buf, *off, *size))
-                    }
+                    Some((buf, (off, size))) => (
+                        ranged(2, buf, *off, *size),
+                        if *size >= 16 {
+                            ranged(7, buf, *off, *size)
+                        } else {
+                            entry(7, &self.dummy)
+                        },
+                    ),
                     None => (entry(2, &self.dummy), entry(7, &self.dummy)),
                 };
                 stats_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -917,6 +930,33 @@ impl GpuBackend {
             return Error::DeviceLost { detail: reason };
         }
         Error::Gpu { detail }
+    }
+
+    /// Waits for `submission`, then for the readback's map callback, and copies the words out.
+    /// With several threads on one device, the thread whose poll completes our submission may
+    /// run our callback a moment after our own wait returned, so the flag is polled (and the
+    /// thread yields) until it is set, within the timeout.
+    pub(crate) fn wait_for_map(
+        &self,
+        submission: Option<wgpu::SubmissionIndex>,
+        ws: &Workspace,
+        words: usize,
+        flag: &MapFlag,
+    ) -> Result<VerifyWords, Error> {
+        let start = std::time::Instant::now();
+        self.wait(submission)?;
+        loop {
+            if let Some(w) = self.collect(ws, words, flag)? {
+                return Ok(w);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(Error::Timeout {
+                    waited: self.timeout,
+                });
+            }
+            self.poll_once()?;
+            std::thread::yield_now();
+        }
     }
 
     /// One non-blocking poll, for the async path.

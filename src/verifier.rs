@@ -290,10 +290,7 @@ impl Verifier {
                     let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
                     let words = out_words(&plan);
                     let flag = g.start_map(&ws, words);
-                    g.wait(Some(index))?;
-                    let w = g.collect(&ws, words, &flag)?.ok_or(Error::Timeout {
-                        waited: g.timeout(),
-                    })?;
+                    let w = g.wait_for_map(Some(index), &ws, words, &flag)?;
                     Ok(plan.decode_output(&w))
                 })();
                 g.give_back_if_ok(ws, &result);
@@ -404,10 +401,7 @@ impl Verifier {
         let words = out_words(&plan);
         let result = (|| {
             let flag = g.start_map(&ws, words);
-            g.wait(None)?;
-            let w = g.collect(&ws, words, &flag)?.ok_or(Error::Timeout {
-                waited: g.timeout(),
-            })?;
+            let w = g.wait_for_map(None, &ws, words, &flag)?;
             Ok(plan.decode_output(&w))
         })();
         g.give_back_if_ok(ws, &result);

@@ -357,6 +357,38 @@ fn ten_thousand_calls_without_memory_growth() {
     );
 }
 
+/// Many small calls of changing shapes from three threads at once on one verifier: each call's
+/// readback callback may run on another thread's poll (this once surfaced as a false timeout),
+/// and tiny vocabularies bind windows smaller than one vec4 (once a validation error).
+#[test]
+fn concurrent_calls_of_changing_shapes() {
+    each_backend(|v: &Verifier| {
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                s.spawn(move || {
+                    for i in 0..400u64 {
+                        let vocab = 1 + ((i * 7919 + t * 104_729) % 3000) as u32;
+                        let mut g = Gen::new(i * 3 + t);
+                        let b = Owned::random(
+                            &mut g,
+                            vocab,
+                            &[(i % 5) as u32],
+                            &[if i % 2 == 0 { 0.0 } else { 1.0 }],
+                            (i % 3) as u8,
+                            0.5,
+                        );
+                        let out = v
+                            .verify_blocking(&b.batch())
+                            .unwrap_or_else(|e| panic!("thread {t} call {i} (V={vocab}): {e}"));
+                        check_invariants(&b, &out)
+                            .unwrap_or_else(|m| panic!("thread {t} call {i}: {m}"));
+                    }
+                });
+            }
+        });
+    });
+}
+
 #[test]
 fn several_threads_share_one_verifier() {
     each_backend(|v: &Verifier| {
