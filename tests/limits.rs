@@ -12,11 +12,22 @@ fn webgpu_default_limits_run_and_match_the_twin() {
     }
     let v = with_limits(wgpu::Limits::default()).expect("a device with WebGPU's default limits");
     let mut g = Gen::new(5);
-    for kind in 0..3u8 {
-        // 128 MiB bindings: V = 262,144 rows are 1 MiB each; 200 rows force two windows.
-        let b = Owned::random(&mut g, 262_144, &[99, 0, 99], &[0.0, 1.0, 0.8], kind, 0.7);
+    // 128 MiB bindings: V = 262,144 rows are 1 MiB each, so 200 rows need two windows; the odd
+    // V = 262,145 also misaligns every row (scalar loads, unaligned window offsets).
+    for (vocab, kind) in [
+        (262_144, 0u8),
+        (262_144, 1),
+        (262_144, 2),
+        (262_145, 0),
+        (262_145, 2),
+    ] {
+        let b = Owned::random(&mut g, vocab, &[99, 0, 99], &[0.0, 1.0, 0.8], kind, 0.7);
         let want = cpu().verify_blocking(&b.batch()).unwrap();
-        assert_eq!(v.verify_blocking(&b.batch()).unwrap(), want, "kind {kind}");
+        assert_eq!(
+            v.verify_blocking(&b.batch()).unwrap(),
+            want,
+            "V={vocab} kind {kind}"
+        );
     }
 }
 
