@@ -268,6 +268,46 @@ fn host_cases() -> Vec<(&'static str, Mutate, Matches, &'static str)> {
             "not a probability",
         ),
         (
+            "draft probabilities given for a batch with no drafts",
+            |b| {
+                for r in &mut b.requests {
+                    r.num_drafts = 0;
+                }
+                b.drafts.clear();
+                b.target.truncate(3 * 16);
+                b.draft_kind = 1;
+                b.draft = vec![0.5; 16];
+            },
+            |e| {
+                matches!(
+                    e,
+                    Error::DraftRowCount {
+                        expected_rows: 0,
+                        ..
+                    }
+                )
+            },
+            "Σ num_drafts = 0 rows",
+        ),
+        (
+            "greedy synthetic request without rates",
+            |b| {
+                b.requests[1].params.rule = Rule::Synthetic;
+                b.requests[1].params.temperature = 0.0;
+            },
+            |e| matches!(e, Error::SyntheticRates { .. }),
+            "give one conditional rate per draft",
+        ),
+        (
+            "rates of the wrong length with a k = 0 synthetic request",
+            |b| {
+                b.requests[1].params.rule = Rule::Synthetic;
+                b.rates = Some(vec![]);
+            },
+            |e| matches!(e, Error::SyntheticRates { .. }),
+            "0 rates given",
+        ),
+        (
             "synthetic rate +inf",
             |b| {
                 b.requests[2].params.rule = Rule::Synthetic;
@@ -303,8 +343,11 @@ fn bad_host_inputs_are_typed_errors() {
             );
         }
     });
-    println!("{} host-input cases, each on every backend", cases.len());
-    assert!(cases.len() >= 30);
+    println!(
+        "{} host-input cases, each on every backend (10 GPU-buffer and option cases follow)",
+        cases.len()
+    );
+    assert!(cases.len() >= 33);
 }
 
 #[test]
