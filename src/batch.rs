@@ -75,16 +75,28 @@ pub struct Request {
     pub position: u64,
 }
 
-/// The draft distribution of a host-slice batch.
+/// The draft distribution of a batch; `T` is where its rows live: `&[f32]` for host slices
+/// ([`VerifyBatch`]), [`crate::GpuRows`] for GPU buffers ([`crate::GpuVerifyBatch`]).
 #[derive(Clone, Copy, Debug)]
-pub enum Draft<'a> {
+pub enum Draft<T> {
     /// No distribution: `q` is one-hot at the drafted token (n-gram or greedy drafters).
     OneHot,
     /// Probabilities `q`, Σ num_drafts rows × vocab_size.
-    Probs(&'a [f32]),
+    Probs(T),
     /// Draft logits, Σ num_drafts rows × vocab_size, turned into `q` with each request's
     /// temperature.
-    Logits(&'a [f32]),
+    Logits(T),
+}
+
+impl<T> Draft<T> {
+    /// The kernels' `DRAFT_*` code and the rows, if any.
+    pub(crate) fn split(self) -> (u32, Option<T>) {
+        match self {
+            Draft::OneHot => (DRAFT_NONE, None),
+            Draft::Probs(d) => (DRAFT_PROBS, Some(d)),
+            Draft::Logits(d) => (DRAFT_LOGITS, Some(d)),
+        }
+    }
 }
 
 /// A batch to verify, in host memory (SPEC §2 layout).
@@ -100,7 +112,7 @@ pub struct VerifyBatch<'a> {
     /// the last one being its bonus row.
     pub target_logits: &'a [f32],
     /// The draft distribution.
-    pub draft: Draft<'a>,
+    pub draft: Draft<&'a [f32]>,
     /// Conditional acceptance rates, one per draft (Σ num_drafts values in [0, 1]); needed when a
     /// request uses [`Rule::Synthetic`], ignored otherwise.
     pub synthetic_rates: Option<&'a [f32]>,

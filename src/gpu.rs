@@ -184,16 +184,8 @@ pub struct GpuRows<'a> {
     pub offset: u64,
 }
 
-/// The draft distribution of a GPU-resident batch.
-#[derive(Clone, Copy, Debug)]
-pub enum GpuDraft<'a> {
-    /// One-hot at the drafted token.
-    OneHot,
-    /// Probabilities, Σ num_drafts rows × V f32.
-    Probs(GpuRows<'a>),
-    /// Draft logits, Σ num_drafts rows × V f32.
-    Logits(GpuRows<'a>),
-}
+/// The draft distribution of a GPU-resident batch (rows in a GPU buffer).
+pub type GpuDraft<'a> = crate::Draft<GpuRows<'a>>;
 
 /// GPU timestamps of a recorded verification (profiling; needs `Features::TIMESTAMP_QUERY`).
 #[derive(Debug, Default)]
@@ -299,40 +291,18 @@ fn params_uniform() -> wgpu::BindingType {
     }
 }
 
-/// The explicit bind group layout of a kernel: binding 0 the Params slot (dynamic offset), then
-/// its storage buffers, read-only ones first.
+/// The explicit bind group layout of a kernel. The verification kernels bind the Params slot
+/// (dynamic offset) at 0 and storage buffers at 1–7; `writable` lists the read-write ones.
 fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let with_params = |writable: &[u32]| {
+        let mut v = vec![layout_entry(0, params_uniform())];
+        v.extend((1..=7).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
+        v
+    };
     match kernel {
-        Kernel::RowStats => vec![
-            layout_entry(0, params_uniform()),
-            layout_entry(1, storage(true)),
-            layout_entry(2, storage(true)),
-            layout_entry(3, storage(true)),
-            layout_entry(4, storage(true)),
-            layout_entry(5, storage(false)),
-            layout_entry(6, storage(true)),
-            layout_entry(7, storage(true)),
-        ],
-        Kernel::Verify => vec![
-            layout_entry(0, params_uniform()),
-            layout_entry(1, storage(true)),
-            layout_entry(2, storage(true)),
-            layout_entry(3, storage(true)),
-            layout_entry(4, storage(true)),
-            layout_entry(5, storage(false)),
-            layout_entry(6, storage(false)),
-            layout_entry(7, storage(false)),
-        ],
-        Kernel::ResidualArgmax => vec![
-            layout_entry(0, params_uniform()),
-            layout_entry(1, storage(true)),
-            layout_entry(2, storage(true)),
-            layout_entry(3, storage(true)),
-            layout_entry(4, storage(true)),
-            layout_entry(5, storage(true)),
-            layout_entry(6, storage(false)),
-            layout_entry(7, storage(false)),
-        ],
+        Kernel::RowStats => with_params(&[5]),
+        Kernel::Verify => with_params(&[5, 6, 7]),
+        Kernel::ResidualArgmax => with_params(&[6, 7]),
         Kernel::RngCheck => vec![
             layout_entry(0, storage(true)),
             layout_entry(1, storage(true)),

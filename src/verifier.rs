@@ -1,11 +1,10 @@
 //! `Verifier`: the one entry point. Built once per device; verifies batches from host slices or
 //! records into the caller's command encoder over the caller's GPU buffers.
 
-use crate::batch::{check_rows, Draft, Fault, Plan, Request, Shape, VerifyBatch, VerifyOutput};
+use crate::batch::{check_rows, Fault, Plan, Request, Shape, VerifyBatch, VerifyOutput};
 use crate::cpu::{self, TwinShape};
 use crate::error::Error;
 use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Workspace};
-use crate::layout::{DRAFT_LOGITS, DRAFT_NONE, DRAFT_PROBS};
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
 use std::pin::Pin;
@@ -249,11 +248,7 @@ impl Verifier {
     }
 
     fn host_plan<'b>(&self, batch: &VerifyBatch<'b>) -> Result<(Plan, Option<&'b [f32]>), Error> {
-        let (kind, draft) = match batch.draft {
-            Draft::OneHot => (DRAFT_NONE, None),
-            Draft::Probs(d) => (DRAFT_PROBS, Some(d)),
-            Draft::Logits(d) => (DRAFT_LOGITS, Some(d)),
-        };
+        let (kind, draft) = batch.draft.split();
         let plan = self.plan(&Shape {
             vocab: batch.vocab_size,
             requests: batch.requests,
@@ -362,11 +357,7 @@ impl Verifier {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
         };
-        let (kind, draft) = match batch.draft {
-            GpuDraft::OneHot => (DRAFT_NONE, None),
-            GpuDraft::Probs(d) => (DRAFT_PROBS, Some(d)),
-            GpuDraft::Logits(d) => (DRAFT_LOGITS, Some(d)),
-        };
+        let (kind, draft) = batch.draft.split();
         let plan = self.plan(&Shape {
             vocab: batch.vocab_size,
             requests: batch.requests,

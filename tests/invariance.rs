@@ -4,10 +4,7 @@
 
 mod common;
 use common::*;
-use specdec::{
-    Draft, GpuDraft, GpuRows, GpuVerifyBatch, Request, Verifier, VerifierOptions, VerifyBatch,
-    VerifyOutput,
-};
+use specdec::{GpuDraft, GpuRows, GpuVerifyBatch, Verifier, VerifierOptions, VerifyOutput};
 
 /// Splits an owned batch into its requests (each a batch of one).
 fn singles(b: &Owned) -> Vec<Owned> {
@@ -258,6 +255,3 @@ fn gpu_agrees_with_the_cpu_twin() {
         "{differing} of {requests} differ"
     );
 }
-
-#[allow(dead_code)]
-fn unused(_: Draft<'_>, _: VerifyBatch<'_>, _: Request) {}
