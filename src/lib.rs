@@ -43,6 +43,7 @@ pub mod rng;
 pub mod selftest;
 pub mod shaders;
 pub mod stats;
+pub mod synthetic;
 mod verifier;
 
 pub use batch::{
