@@ -72,6 +72,7 @@ fn main() {
         draft_token_ids: &drafts,
         target_logits: &target,
         draft: Draft::OneHot,
+        draft_vocab_size: None,
         synthetic_rates: Some(&rates),
     };
 

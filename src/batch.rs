@@ -113,6 +113,10 @@ pub struct VerifyBatch<'a> {
     pub target_logits: &'a [f32],
     /// The draft distribution.
     pub draft: Draft<&'a [f32]>,
+    /// Columns of a draft row when the draft model's vocabulary is smaller than the target's
+    /// (padded vocabularies, e.g. 151,936 vs 152,064): draft rows are this long and tokens at or
+    /// past it have q = 0. `None`: the target's `vocab_size`.
+    pub draft_vocab_size: Option<u32>,
     /// Conditional acceptance rates, one per draft (Σ num_drafts values in [0, 1]); needed when a
     /// request uses [`Rule::Synthetic`], ignored otherwise.
     pub synthetic_rates: Option<&'a [f32]>,
@@ -220,6 +224,7 @@ pub(crate) struct Shape<'a> {
     pub requests: &'a [Request],
     pub draft_ids: &'a [i32],
     pub draft_kind: u32,
+    pub draft_vocab: Option<u32>,
     pub rates: Option<&'a [f32]>,
 }
 
@@ -252,6 +257,10 @@ impl Plan {
             return Err(Error::InvalidVocab {
                 vocab_size: u64::from(vocab),
             });
+        }
+        let draft_vocab = shape.draft_vocab.unwrap_or(vocab);
+        if draft_vocab == 0 || draft_vocab > vocab {
+            return Err(Error::InvalidDraftVocab { draft_vocab, vocab });
         }
         let mut total_drafts = 0usize;
         let mut k_max = 0u32;
@@ -382,7 +391,7 @@ impl Plan {
         }
         Ok(Plan {
             vocab,
-            draft_vocab: vocab,
+            draft_vocab,
             draft_kind: shape.draft_kind,
             reqs,
             row_info,

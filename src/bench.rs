@@ -442,6 +442,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                             }),
                             _ => GpuDraft::OneHot,
                         },
+                        draft_vocab_size: None,
                         synthetic_rates: None,
                     };
                     let host_batch = VerifyBatch {
@@ -454,6 +455,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                             (BenchMode::DraftLogits, Some(d)) => Draft::Logits(d),
                             _ => Draft::OneHot,
                         },
+                        draft_vocab_size: None,
                         synthetic_rates: None,
                     };
                     // 1. Correctness first: the GPU against the CPU twin on this input.
@@ -615,6 +617,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                 draft_token_ids: &drafts,
                 target_logits: &host_t[..n_t],
                 draft: Draft::OneHot,
+                draft_vocab_size: None,
                 synthetic_rates: None,
             };
             let src = match mode {
@@ -893,6 +896,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                             BenchMode::DraftLogits => Draft::Logits(&host_d[..n_d]),
                             _ => Draft::OneHot,
                         },
+                        draft_vocab_size: None,
                         synthetic_rates: None,
                     };
                     for _ in 0..cfg.warmup {

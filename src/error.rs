@@ -12,6 +12,13 @@ pub enum Error {
         /// The vocabulary size given.
         vocab_size: u64,
     },
+    /// `draft_vocab_size` is 0 or larger than `vocab_size`.
+    InvalidDraftVocab {
+        /// The draft vocabulary size given.
+        draft_vocab: u32,
+        /// The target vocabulary size.
+        vocab: u32,
+    },
     /// A request has more drafts than [`crate::MAX_DRAFTS_PER_REQUEST`].
     TooManyDrafts {
         /// Index of the request.
@@ -188,6 +195,11 @@ impl fmt::Display for Error {
                 got_elements % (*vocab_size).max(1) as usize
             ),
             Error::SyntheticRates { reason } => write!(f, "synthetic rates: {reason}"),
+            Error::InvalidDraftVocab { draft_vocab, vocab } => write!(
+                f,
+                "draft_vocab_size {draft_vocab} must be between 1 and the target's vocab_size \
+                 {vocab} (a draft model may have a smaller, padded vocabulary, not a larger one)"
+            ),
             Error::BufferUsage { what } => write!(
                 f,
                 "the {what} buffer was created without BufferUsages::STORAGE; add it so the \

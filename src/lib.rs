@@ -24,6 +24,7 @@
 //!         draft_token_ids: &[3, 5],
 //!         target_logits: &logits,
 //!         draft: Draft::OneHot,
+//!         draft_vocab_size: None,
 //!         synthetic_rates: None,
 //!     })
 //!     .unwrap();

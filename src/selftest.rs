@@ -148,6 +148,7 @@ impl Owned {
                 1 => Draft::Probs(&self.draft),
                 _ => Draft::Logits(&self.draft),
             },
+            draft_vocab_size: None,
             synthetic_rates: self.rates.as_deref(),
         }
     }

@@ -90,6 +90,9 @@ pub struct GpuVerifyBatch<'a> {
     pub target_logits: GpuRows<'a>,
     /// The draft distribution.
     pub draft: GpuDraft<'a>,
+    /// Columns of a draft row when the draft vocabulary is smaller (see
+    /// [`VerifyBatch::draft_vocab_size`]); `None`: `vocab_size`.
+    pub draft_vocab_size: Option<u32>,
     /// Conditional acceptance rates for synthetic requests (see [`VerifyBatch::synthetic_rates`]).
     pub synthetic_rates: Option<&'a [f32]>,
 }
@@ -254,6 +257,7 @@ impl Verifier {
             requests: batch.requests,
             draft_ids: batch.draft_token_ids,
             draft_kind: kind,
+            draft_vocab: batch.draft_vocab_size,
             rates: batch.synthetic_rates,
         })?;
         check_rows(
@@ -363,6 +367,7 @@ impl Verifier {
             requests: batch.requests,
             draft_ids: batch.draft_token_ids,
             draft_kind: kind,
+            draft_vocab: batch.draft_vocab_size,
             rates: batch.synthetic_rates,
         })?;
         let mut ws = g.take_workspace();

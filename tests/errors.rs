@@ -308,6 +308,43 @@ fn host_cases() -> Vec<(&'static str, Mutate, Matches, &'static str)> {
             "0 rates given",
         ),
         (
+            "draft vocabulary larger than the target's",
+            |b| {
+                b.draft_kind = 1;
+                b.draft = vec![0.1; 3 * 17];
+                b.draft_vocab = Some(17);
+            },
+            |e| {
+                matches!(
+                    e,
+                    Error::InvalidDraftVocab {
+                        draft_vocab: 17,
+                        vocab: 16
+                    }
+                )
+            },
+            "not a larger one",
+        ),
+        (
+            "draft vocabulary 0",
+            |b| {
+                b.draft_kind = 2;
+                b.draft_vocab = Some(0);
+            },
+            |e| matches!(e, Error::InvalidDraftVocab { draft_vocab: 0, .. }),
+            "between 1 and",
+        ),
+        (
+            "draft rows of the target's length with a smaller draft vocabulary",
+            |b| {
+                b.draft_kind = 2;
+                b.draft = vec![0.1; 3 * 16];
+                b.draft_vocab = Some(12);
+            },
+            |e| matches!(e, Error::DraftRowCount { vocab_size: 12, .. }),
+            "rows of 12",
+        ),
+        (
             "synthetic rate +inf",
             |b| {
                 b.requests[2].params.rule = Rule::Synthetic;
@@ -347,7 +384,7 @@ fn bad_host_inputs_are_typed_errors() {
         "{} host-input cases, each on every backend (10 GPU-buffer and option cases follow)",
         cases.len()
     );
-    assert!(cases.len() >= 33);
+    assert!(cases.len() >= 36);
 }
 
 #[test]
@@ -360,6 +397,7 @@ fn empty_batch_is_valid() {
                 draft_token_ids: &[],
                 target_logits: &[],
                 draft: Draft::OneHot,
+                draft_vocab_size: None,
                 synthetic_rates: None,
             })
             .unwrap();
@@ -415,6 +453,7 @@ fn gpu_buffer_errors_are_caught_before_recording() {
             draft_token_ids: &b.drafts,
             target_logits: t,
             draft: d,
+            draft_vocab_size: None,
             synthetic_rates: None,
         };
         let mut enc = device.create_command_encoder(&Default::default());
@@ -484,6 +523,7 @@ fn gpu_buffer_errors_are_caught_before_recording() {
         draft_token_ids: &b.drafts,
         target_logits: rows(&big, 0),
         draft: GpuDraft::OneHot,
+        draft_vocab_size: None,
         synthetic_rates: None,
     };
     let mut enc = device.create_command_encoder(&Default::default());
@@ -520,6 +560,7 @@ fn gpu_buffer_errors_are_caught_before_recording() {
         draft_kind: 0,
         draft: vec![],
         rates: None,
+        draft_vocab: None,
     };
     let e = v
         .verify_blocking(&many.batch())

@@ -325,3 +325,29 @@ fn vocab_sizes_around_the_block_length_match_the_twin() {
         }
     }
 }
+
+#[test]
+fn a_padded_target_vocabulary_matches_the_twin() {
+    // Qwen2.5's case: the target pads to 152,064 entries, the draft has 151,936.
+    let Some(g) = gpu() else { return };
+    let mut gen = Gen::new(9);
+    for kind in [1u8, 2] {
+        let mut b = Owned::random(&mut gen, 152_064, &[3, 0, 2], &[1.0, 0.7], kind, 0.7);
+        b.draft_vocab = Some(151_936);
+        let rows = b.draft.len() / 152_064;
+        b.draft = b
+            .draft
+            .chunks(152_064)
+            .flat_map(|r| r[..151_936].to_vec())
+            .collect();
+        assert_eq!(b.draft.len(), rows * 151_936);
+        // A draft id past the draft vocabulary has q = 0: always rejected.
+        b.drafts[0] = 152_000;
+        let a = cpu().verify_blocking(&b.batch()).unwrap();
+        assert_eq!(
+            a.num_emitted[0], 1,
+            "a draft the draft model cannot propose is rejected"
+        );
+        assert_eq!(g.verify_blocking(&b.batch()).unwrap(), a, "kind {kind}");
+    }
+}

@@ -25,6 +25,7 @@ fn singles(b: &Owned) -> Vec<Owned> {
                 b.draft[drow * v..(drow + k) * v].to_vec()
             },
             rates: b.rates.as_ref().map(|r| r[drow..drow + k].to_vec()),
+            draft_vocab: None,
         });
         row += k + 1;
         drow += k;
@@ -198,6 +199,7 @@ fn gpu_resident_path_reads_callers_buffers_at_an_offset() {
                 1 => GpuDraft::Probs(rows(&d, 1028)),
                 _ => GpuDraft::Logits(rows(&d, 1028)),
             },
+            draft_vocab_size: None,
             synthetic_rates: None,
         };
         let mut encoder =

@@ -78,11 +78,18 @@ impl Problem {
             Mode::OneHot => (0..self.vocab)
                 .map(|y| f64::from(y as i32 == self.fixed[i]))
                 .collect(),
+            // A draft row shorter than the vocabulary (a smaller draft vocabulary): q = 0 past it.
             Mode::Probs => {
                 let s: f64 = self.draft[i].iter().map(|&x| x as f64).sum();
-                self.draft[i].iter().map(|&x| x as f64 / s).collect()
+                let mut q: Vec<f64> = self.draft[i].iter().map(|&x| x as f64 / s).collect();
+                q.resize(self.vocab, 0.0);
+                q
             }
-            Mode::Logits => softmax(&self.draft[i], self.temperature as f64),
+            Mode::Logits => {
+                let mut q = softmax(&self.draft[i], self.temperature as f64);
+                q.resize(self.vocab, 0.0);
+                q
+            }
         }
     }
     /// β_i = Σ min(p_i, q_i).
@@ -138,6 +145,11 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
                 Mode::Probs => specdec::Draft::Probs(&draft),
                 Mode::Logits => specdec::Draft::Logits(&draft),
             },
+            draft_vocab_size: pb
+                .draft
+                .first()
+                .filter(|row| row.len() < pb.vocab)
+                .map(|row| row.len() as u32),
             synthetic_rates: None,
         };
         let out = v.verify_blocking(&batch).expect("verify");
@@ -355,4 +367,57 @@ fn draft_probs_gpu() {
 fn draft_logits_gpu() {
     let Some(g) = gpu() else { return };
     battery(Mode::Logits, 0.7, Some(g), N_GPU, 61);
+}
+
+/// A draft vocabulary smaller than the target's (V = 8, V_draft = 6): tokens 6 and 7 have q = 0,
+/// so they are only ever emitted as recovered tokens; both halves must still hold.
+fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
+    let mut g = Gen::new(seed);
+    let target: Vec<Vec<f32>> = (0..3).map(|_| g.logits(8, 1.2)).collect();
+    let draft: Vec<Vec<f32>> = (0..2)
+        .map(|_| {
+            let l = g.logits(6, 1.2);
+            if mode == Mode::Probs {
+                softmax(&l, 1.0).iter().map(|&x| x as f32).collect()
+            } else {
+                l
+            }
+        })
+        .collect();
+    let pb = Problem {
+        vocab: 8,
+        k: 2,
+        temperature: 1.0,
+        mode,
+        target,
+        draft,
+        fixed: vec![0, 0],
+    };
+    let cpu_v = cpu();
+    let v = gpu.unwrap_or(&cpu_v);
+    let c = check(
+        &pb,
+        &run(v, &pb, if gpu.is_some() { N_GPU } else { N_CPU }, seed ^ 5),
+    );
+    println!(
+        "{mode:?} V=8, V_draft=6 on {}: halves {} | z {:.2} | lengths {}",
+        v.describe(),
+        c.halves,
+        c.acceptance_z,
+        c.lengths
+    );
+    assert!(c.halves.passed() && c.acceptance_z.abs() <= 6.0 && c.lengths.passed());
+}
+
+#[test]
+fn smaller_draft_vocabulary_cpu() {
+    padded_vocab(None, Mode::Probs, 71);
+    padded_vocab(None, Mode::Logits, 72);
+}
+
+#[test]
+fn smaller_draft_vocabulary_gpu() {
+    let Some(g) = gpu() else { return };
+    padded_vocab(Some(g), Mode::Probs, 73);
+    padded_vocab(Some(g), Mode::Logits, 74);
 }

@@ -115,6 +115,8 @@ pub struct Owned {
     pub draft_kind: u8, // 0 one-hot, 1 probs, 2 logits
     pub draft: Vec<f32>,
     pub rates: Option<Vec<f32>>,
+    /// Draft row length when smaller than `vocab` (None: `vocab`).
+    pub draft_vocab: Option<u32>,
 }
 
 impl Owned {
@@ -129,6 +131,7 @@ impl Owned {
                 1 => Draft::Probs(&self.draft),
                 _ => Draft::Logits(&self.draft),
             },
+            draft_vocab_size: self.draft_vocab,
             synthetic_rates: self.rates.as_deref(),
         }
     }
@@ -196,6 +199,7 @@ impl Owned {
             draft_kind,
             draft,
             rates: None,
+            draft_vocab: None,
         }
     }
 }
@@ -221,6 +225,7 @@ pub fn explicit(vocab: u32, reqs: &[ExplicitRequest]) -> Owned {
         draft_kind: 0,
         draft: Vec::new(),
         rates: None,
+        draft_vocab: None,
     };
     for (i, (params, drafts, rows)) in reqs.iter().enumerate() {
         assert_eq!(rows.len(), drafts.len() + 1);
