@@ -57,6 +57,10 @@ fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
     return m_other > m_self || (m_other == m_self && a_other < a_self);
 }
 
+// load_target and load_draft (and residual_argmax's loaders) differ only in the binding they
+// read: core WGSL cannot pass a storage array to a function (that needs the
+// unrestricted_pointer_parameters extension, not available everywhere), so each binding gets its
+// own loader.
 // Entries y .. y+3 of the target row starting at element `base` of the binding; entries at or
 // past V read as -inf. With PARAM_VEC4 (V % 4 == 0, aligned rows) one 16-byte load.
 fn load_target(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {

@@ -483,77 +483,26 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         verifier.read_blocking(pending)?;
                         calls.push(t0.elapsed().as_secs_f64() * 1e6);
                     }
-                    // 3. GPU time from timestamps around the verify pass.
-                    let gpu_us = match &query {
-                        Some(qs) => {
-                            for i in 0..cfg.reps {
-                                let mut enc = device.create_command_encoder(&Default::default());
-                                let pending = verifier.record_timed(
-                                    &mut enc,
-                                    &gpu_batch,
-                                    crate::Timestamps::Pass(wgpu::ComputePassTimestampWrites {
-                                        query_set: qs,
-                                        beginning_of_pass_write_index: Some(2 * i as u32),
-                                        end_of_pass_write_index: Some(2 * i as u32 + 1),
-                                    }),
-                                )?;
-                                queue.submit([enc.finish()]);
-                                verifier.read_blocking(pending)?;
-                            }
-                            let ticks = resolve_ticks(
-                                &device,
-                                &queue,
-                                qs,
-                                2 * cfg.reps as u32,
-                                &resolve,
-                                &q_read,
-                            )?;
-                            let mut t: Vec<f64> = ticks
-                                .chunks(2)
-                                .map(|c| c[1].wrapping_sub(c[0]) as f64 * period_ns / 1e3)
-                                .collect();
-                            median(&mut t)
-                        }
-                        None => median(&mut calls.clone()),
+                    // 3. GPU time from timestamps around the verify pass, then each kernel in a
+                    // timed pass of its own (where the time goes).
+                    let timed = |phases: u32, stamps: &dyn Fn(&wgpu::QuerySet, u32) -> crate::Timestamps<'_>| match &query {
+                        Some(qs) => timed_medians(&device, &queue, &verifier, &gpu_batch, cfg.reps, phases, qs, &resolve, &q_read, period_ns, stamps).map(Some),
+                        None => Ok(None),
                     };
+                    let whole = timed(1, &|qs, i| {
+                        crate::Timestamps::Pass(wgpu::ComputePassTimestampWrites {
+                            query_set: qs,
+                            beginning_of_pass_write_index: Some(2 * i),
+                            end_of_pass_write_index: Some(2 * i + 1),
+                        })
+                    })?;
+                    let gpu_us = whole.map_or_else(|| median(&mut calls.clone()), |m| m[0]);
                     let call_us = median(&mut calls);
-                    // 3b. Each kernel in a timed pass of its own (where the time goes).
-                    let kernels_us = match &query {
-                        Some(qs) => {
-                            for i in 0..cfg.reps {
-                                let mut enc = device.create_command_encoder(&Default::default());
-                                let pending = verifier.record_timed(
-                                    &mut enc,
-                                    &gpu_batch,
-                                    crate::Timestamps::PerKernel {
-                                        query_set: qs,
-                                        first: 8 * i as u32,
-                                    },
-                                )?;
-                                queue.submit([enc.finish()]);
-                                verifier.read_blocking(pending)?;
-                            }
-                            let ticks = resolve_ticks(
-                                &device,
-                                &queue,
-                                qs,
-                                8 * cfg.reps as u32,
-                                &resolve,
-                                &q_read,
-                            )?;
-                            let mut per = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-                            for rep in ticks.chunks(8) {
-                                for (k, p) in per.iter_mut().enumerate() {
-                                    p.push(
-                                        rep[2 * k + 1].wrapping_sub(rep[2 * k]) as f64 * period_ns
-                                            / 1e3,
-                                    );
-                                }
-                            }
-                            Some(per.map(|mut v| median(&mut v)))
-                        }
-                        None => None,
-                    };
+                    let kernels_us = timed(4, &|qs, i| crate::Timestamps::PerKernel {
+                        query_set: qs,
+                        first: 8 * i,
+                    })?
+                    .map(|m| [m[0], m[1], m[2], m[3]]);
                     let host_us = median(&mut host);
                     let bytes = ((n_t + if mode.has_draft_rows() { n_d } else { 0 }) * 4) as u64;
                     let row = BenchRow {
@@ -655,6 +604,39 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         timestamps,
         rows,
     })
+}
+
+/// Runs `reps` timed calls of `batch`, call `i` writing `2 · phases` timestamps from index
+/// `2 · phases · i` as `stamps(qs, i)` lays them out, and returns the median duration of each
+/// phase in µs.
+#[allow(clippy::too_many_arguments)]
+fn timed_medians(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    verifier: &Verifier,
+    batch: &GpuVerifyBatch<'_>,
+    reps: usize,
+    phases: u32,
+    qs: &wgpu::QuerySet,
+    resolve: &wgpu::Buffer,
+    read: &wgpu::Buffer,
+    period_ns: f64,
+    stamps: &dyn Fn(&wgpu::QuerySet, u32) -> crate::Timestamps<'_>,
+) -> Result<Vec<f64>, Error> {
+    for i in 0..reps as u32 {
+        let mut enc = device.create_command_encoder(&Default::default());
+        let pending = verifier.record_timed(&mut enc, batch, stamps(qs, i))?;
+        queue.submit([enc.finish()]);
+        verifier.read_blocking(pending)?;
+    }
+    let ticks = resolve_ticks(device, queue, qs, 2 * phases * reps as u32, resolve, read)?;
+    let mut per: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); phases as usize];
+    for rep in ticks.chunks(2 * phases as usize) {
+        for (k, p) in per.iter_mut().enumerate() {
+            p.push(rep[2 * k + 1].wrapping_sub(rep[2 * k]) as f64 * period_ns / 1e3);
+        }
+    }
+    Ok(per.into_iter().map(|mut v| median(&mut v)).collect())
 }
 
 /// Resolves the first `count` timestamps of `qs` and reads them back.
