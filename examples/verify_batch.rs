@@ -60,6 +60,7 @@ fn main() {
                 temperature: temps[i],
                 seed: Some(1000 + i as u64),
                 rule: if i == 6 { Rule::Synthetic } else { Rule::Exact },
+                ..SamplingParams::default()
             },
             position: 100 + 10 * i as u64,
         })

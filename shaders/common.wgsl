@@ -37,6 +37,9 @@ struct Params {
 // Params::flags: rows of this window start on 16-byte boundaries (V % 4 == 0 and aligned bases),
 // so the statistics pass may use the vec4 views of the logits.
 const PARAM_VEC4: u32 = 1u;
+// Params::flags: some request sets top-k / top-p / min-p; `cutoffs` holds a logit cut-off per
+// target row (then per draft row, after total_rows) and entries below it count as -inf.
+const PARAM_CUTOFF: u32 = 2u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
@@ -60,12 +63,12 @@ struct ReqInfo {
     pos_lo: u32,           // absolute position of the first draft token (RNG counter)
     pos_hi: u32,
     out_offset: u32,       // r * out_stride
+    top_k: u32,            // keep the top_k largest logits, ties at the cut-off kept (0 = off)
+    top_p: f32,            // then the smallest top set holding top_p of the mass (1 = off)
+    log_min_p: f32,        // and tokens with (l - max) / T >= ln(min_p) (-inf = off)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-    _pad3: u32,
-    _pad4: u32,
-    _pad5: u32,
 }
 
 // Row statistics, per (row, chunk) and, after the merge, per row (32 bytes).
@@ -106,6 +109,7 @@ const DRAFT_LOGITS: u32 = 2u;
 
 const REQ_GREEDY: u32 = 1u;
 const REQ_SYNTHETIC: u32 = 2u;
+const REQ_FILTER: u32 = 4u;
 // Deliberate faults, only for negative controls of the statistical tests (never set by users).
 const REQ_FAULT_REJECT_ALL: u32 = 256u;
 const REQ_FAULT_SHARED_NOISE: u32 = 512u;

@@ -22,6 +22,8 @@
 @group(0) @binding(5) var<storage, read> tasks: array<Task>;
 @group(0) @binding(6) var<storage, read_write> candidates: array<Candidate>;
 @group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
+// Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
+@group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
 var<workgroup> sh_rk: array<f32, MAX_WG>;
 var<workgroup> sh_ri: array<u32, MAX_WG>;
@@ -43,6 +45,8 @@ struct RaceCtx {
     q_logits: bool, // q given as logits (else probabilities)
     kind: u32,
     draft_token: i32,
+    cut: f32,       // target entries below it have p = 0
+    dcut: f32,      // draft-logit entries below it have q = 0
 }
 
 // Entries y .. y+3 of the row (element `base` of the binding); entries at or past `end` read as
@@ -88,13 +92,14 @@ fn load_draft4(base: u32, y: u32) -> vec4<f32> {
 // One entry of the exponential race: keys r(y)/e_y and p(y)/e_y against the best so far.
 fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32) -> Candidate {
     var best = best_in;
-    let p = exp((l - c.st.t_max) * c.inv_t) * c.inv_sum;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    let p = exp((select(l, ninf, l < c.cut) - c.st.t_max) * c.inv_t) * c.inv_sum;
     var res = p;
     if (c.use_q) {
         var q = 0.0;
         if (y < params.draft_vocab) {
             if (c.q_logits) {
-                q = exp((dv - c.st.q_max) * c.inv_t) * c.inv_qsum;
+                q = exp((select(dv, ninf, dv < c.dcut) - c.st.q_max) * c.inv_t) * c.inv_qsum;
             } else if (!(is_nan(dv) || is_pos_inf(dv) || dv < 0.0)) {
                 q = dv;
             }
@@ -156,7 +161,15 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let pos = row_position(info, task.local_row);
 
     var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
-    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, q_logits, task.kind, task.draft_token);
+    var cut = bitcast<f32>(NEG_INF_BITS);
+    var dcut = cut;
+    if ((params.flags & PARAM_CUTOFF) != 0u && in_window) {
+        cut = cutoffs[row];
+        if (task.local_row < info.num_drafts) {
+            dcut = cutoffs[params.total_rows + d_row];
+        }
+    }
+    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, q_logits, task.kind, task.draft_token, cut, dcut);
     // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
     // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {

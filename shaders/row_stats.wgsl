@@ -24,6 +24,9 @@
 // The same ranges as bindings 1 and 2, seen as vec4 (used only when PARAM_VEC4 is set).
 @group(0) @binding(6) var<storage, read> target_vec4: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> draft_vec4: array<vec4<f32>>;
+// Per-row logit cut-offs from the cutoff pass (read only when PARAM_CUTOFF is set): target rows,
+// then draft rows after total_rows. Entries below a row's cut-off count as -inf.
+@group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {
@@ -108,6 +111,12 @@ fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
     return r;
 }
 
+// Entries below the cut-off read as -inf (NaN stays NaN, `NaN < c` being false, so it is still
+// flagged); with no cut-off (c = -inf) nothing changes.
+fn mask4(v: vec4<f32>, c: f32) -> vec4<f32> {
+    return select(v, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), v < vec4<f32>(c));
+}
+
 // exp((x - m) / T), 0 for x = -inf.
 fn term(x: f32, m: f32, inv_t: f32) -> f32 {
     if (is_neg_inf(x)) {
@@ -185,6 +194,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let t_base = params.t_elem_base + local_row * params.vocab;
     let d_row = info4.w;
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
+    var cut = bitcast<f32>(NEG_INF_BITS);
+    var dcut = cut;
+    if ((params.flags & PARAM_CUTOFF) != 0u) {
+        cut = cutoffs[row];
+        if (d_row != NO_INDEX) {
+            dcut = cutoffs[params.total_rows + d_row];
+        }
+    }
     let first_chunk = wid.x * params.block_chunks;
     let last_chunk = min(first_chunk + params.block_chunks, params.num_chunks);
 
@@ -206,14 +223,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             let a5 = load_target(t_base, y0 + 1280u, vec4_path);
             let a6 = load_target(t_base, y0 + 1536u, vec4_path);
             let a7 = load_target(t_base, y0 + 1792u, vec4_path);
-            t = push4(t, a0, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a1, y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a2, y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a3, y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a4, y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a5, y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a6, y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, a7, y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a0, cut), y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a4, cut), y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a5, cut), y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a6, cut), y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a7, cut), y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
             if (has_q_row) {
                 let b0 = load_draft(d_base, y0, vec4_path);
                 let b1 = load_draft(d_base, y0 + 256u, vec4_path);
@@ -223,14 +240,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 let b5 = load_draft(d_base, y0 + 1280u, vec4_path);
                 let b6 = load_draft(d_base, y0 + 1536u, vec4_path);
                 let b7 = load_draft(d_base, y0 + 1792u, vec4_path);
-                q = push4(q, b0, y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b1, y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b2, y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b3, y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b4, y0 + 1024u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b5, y0 + 1280u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b6, y0 + 1536u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, b7, y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b4, dcut), y0 + 1024u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b5, dcut), y0 + 1280u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b6, dcut), y0 + 1536u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b7, dcut), y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
             }
         }
         sh_m[lane] = t.m;
@@ -274,8 +291,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             if (drafted >= 0 && u32(drafted) >= begin && u32(drafted) < begin + CHUNK) {
                 let dt = u32(drafted);
                 out.t_at_d = target_logits[t_base + dt];
+                if (out.t_at_d < cut) {
+                    out.t_at_d = bitcast<f32>(NEG_INF_BITS); // cut off: p(d) = 0
+                }
                 if (params.draft_kind != DRAFT_NONE && dt < params.draft_vocab) {
                     out.q_at_d = draft_values[d_base + dt];
+                    if (params.draft_kind == DRAFT_LOGITS && out.q_at_d < dcut) {
+                        out.q_at_d = bitcast<f32>(NEG_INF_BITS);
+                    }
                 }
             }
             chunk_stats[row * params.num_chunks + chunk] = out;

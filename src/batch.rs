@@ -24,10 +24,40 @@ pub enum Rule {
 }
 
 /// Sampling parameters of one request.
+///
+/// The target distribution at a row is `p = softmax(l / T)` restricted by the controls below,
+/// renormalised; draft logits get the same processing with the same parameters (draft
+/// probabilities are taken as given: they are what the drafter sampled from). The controls keep
+/// an upper set of the row's values, applied in this order:
+///
+/// 1. `min_p`: keep tokens with `p(y) ≥ min_p · max p`, i.e. `(l − max l) / T ≥ ln(min_p)`;
+/// 2. `top_k`: of those, keep the tokens whose logit is ≥ the `top_k`-th largest logit (counted
+///    with multiplicity);
+/// 3. `top_p`: of those, with the mass renormalised, keep the tokens whose logit is ≥ the largest
+///    value `v` such that the tokens with logit ≥ `v` hold at least `top_p` of the mass.
+///
+/// **Ties at a cut-off are all kept**: the kept set is defined by logit values, never by index,
+/// so `top_k` keeps more than `k` tokens when the `k`-th largest value repeats (as vLLM's top-k
+/// does), and `top_p` keeps a whole group of equal logits or none of it. The most likely token is
+/// always kept, so the controls never empty a finite row. Masses for `top_p` are summed in
+/// 2^-31 fixed point relative to the most likely token (exact integer sums, independent of the
+/// batch and the device); tokens below 2^-31 of the max weigh 0 there. Greedy requests
+/// (`temperature == 0`) ignore the controls: they never change the argmax.
+///
+/// vLLM rejects min-p with speculative decoding; it is exact here, like the other controls,
+/// because the verifier only needs the processed `p` and `q`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 means greedy. Must be finite and ≥ 0.
     pub temperature: f32,
+    /// Keep the `top_k` largest logits (ties at the cut-off kept); 0 = off (the default).
+    pub top_k: u32,
+    /// Nucleus sampling: keep the smallest top set holding `top_p` of the mass; in (0, 1],
+    /// 1 = off (the default).
+    pub top_p: f32,
+    /// Keep tokens at least `min_p` times as likely as the most likely one; in [0, 1],
+    /// 0 = off (the default).
+    pub min_p: f32,
     /// Seed of the request's random stream; `None` draws one (reported in
     /// [`VerifyOutput::seeds`] so that the call can be replayed).
     pub seed: Option<u64>,
@@ -39,6 +69,9 @@ impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
             temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
             seed: None,
             rule: Rule::Exact,
         }
@@ -53,13 +86,46 @@ impl SamplingParams {
             ..Self::default()
         }
     }
-    /// Random verification at `temperature` with a fixed `seed`.
+    /// Random verification at `temperature` with a fixed `seed`, no other control.
     pub fn seeded(temperature: f32, seed: u64) -> Self {
         SamplingParams {
             temperature,
             seed: Some(seed),
-            rule: Rule::Exact,
+            ..Self::default()
         }
+    }
+    /// The same parameters with `top_k`.
+    pub fn with_top_k(self, top_k: u32) -> Self {
+        SamplingParams { top_k, ..self }
+    }
+    /// The same parameters with `top_p`.
+    pub fn with_top_p(self, top_p: f32) -> Self {
+        SamplingParams { top_p, ..self }
+    }
+    /// The same parameters with `min_p`.
+    pub fn with_min_p(self, min_p: f32) -> Self {
+        SamplingParams { min_p, ..self }
+    }
+    /// True when a control restricts the distribution (and the request is not greedy).
+    pub fn filters(&self) -> bool {
+        self.temperature != 0.0 && (self.top_k != 0 || self.top_p < 1.0 || self.min_p > 0.0)
+    }
+    /// Checks the controls' ranges.
+    fn check(&self, request: usize) -> Result<(), Error> {
+        let bad = |reason: String| Err(Error::InvalidSampling { request, reason });
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!(
+                "top_p = {} must be in (0, 1]; 1 turns it off",
+                self.top_p
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!(
+                "min_p = {} must be in [0, 1]; 0 turns it off",
+                self.min_p
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -279,6 +345,7 @@ impl Plan {
                     temperature: t,
                 });
             }
+            req.params.check(r)?;
             any_synthetic |= req.params.rule == Rule::Synthetic;
             total_drafts += req.num_drafts as usize;
             k_max = k_max.max(req.num_drafts);
@@ -360,6 +427,10 @@ impl Plan {
             if req.params.rule == Rule::Synthetic {
                 flags |= REQ_SYNTHETIC;
             }
+            let filters = req.params.filters();
+            if filters {
+                flags |= REQ_FILTER;
+            }
             let inv_temperature = if greedy {
                 0.0
             } else {
@@ -376,7 +447,14 @@ impl Plan {
                 pos_lo: req.position as u32,
                 pos_hi: (req.position >> 32) as u32,
                 out_offset: (r * out_stride) as u32,
-                _pad: [0; 6],
+                top_k: if filters { req.params.top_k } else { 0 },
+                top_p: if filters { req.params.top_p } else { 1.0 },
+                log_min_p: if filters && req.params.min_p > 0.0 {
+                    (f64::from(req.params.min_p)).ln() as f32
+                } else {
+                    f32::NEG_INFINITY
+                },
+                _pad: [0; 3],
             });
             for i in 0..=req.num_drafts {
                 if i < req.num_drafts {
@@ -407,6 +485,11 @@ impl Plan {
     /// Number of requests.
     pub fn num_requests(&self) -> usize {
         self.reqs.len()
+    }
+
+    /// True when some request sets top-k / top-p / min-p (the cutoff pass runs).
+    pub fn filters(&self) -> bool {
+        self.reqs.iter().any(|r| r.flags & REQ_FILTER != 0)
     }
 
     /// Decodes the packed output words (`[tokens | num_emitted | status]`) into a VerifyOutput.

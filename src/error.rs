@@ -33,6 +33,13 @@ pub enum Error {
         /// The temperature given.
         temperature: f32,
     },
+    /// `top_k`, `top_p` or `min_p` of a request is out of range.
+    InvalidSampling {
+        /// Index of the request.
+        request: usize,
+        /// Which control and why.
+        reason: String,
+    },
     /// `draft_token_ids` does not hold Σ num_drafts ids.
     DraftIdCount {
         /// Σ num_drafts over the requests.
@@ -159,6 +166,9 @@ impl fmt::Display for Error {
                 "request {request} has temperature {temperature}; it must be finite and >= 0 \
                  (0 means greedy)"
             ),
+            Error::InvalidSampling { request, reason } => {
+                write!(f, "request {request}: {reason}")
+            }
             Error::DraftIdCount { expected, got } => write!(
                 f,
                 "draft_token_ids has {got} ids but the requests' num_drafts add up to {expected}"

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Storage buffers the widest kernel binds in one stage (residual_argmax: 7).
-const STORAGE_BUFFERS_NEEDED: u32 = 7;
+const STORAGE_BUFFERS_NEEDED: u32 = 8;
 /// Bytes of one Params slot; a multiple of every adapter's uniform offset alignment (≤ 256).
 const PARAM_SLOT: u64 = 256;
 /// Bytes of `Params`.
@@ -147,6 +147,7 @@ pub(crate) struct Workspace {
     row_stats: Grow,
     tasks: Grow,
     candidates: Grow,
+    cutoffs: Grow,
     out: Grow,
     readback: Grow,
     upload_target: Grow,
@@ -167,6 +168,7 @@ impl Workspace {
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
             candidates: Grow::new("specdec.candidates", storage),
+            cutoffs: Grow::new("specdec.cutoffs", storage | U::COPY_SRC),
             out: Grow::new("specdec.out", storage | U::COPY_SRC),
             readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
             upload_target: Grow::new("specdec.upload_target", storage),
@@ -294,15 +296,16 @@ fn params_uniform() -> wgpu::BindingType {
 /// The explicit bind group layout of a kernel. The verification kernels bind the Params slot
 /// (dynamic offset) at 0 and storage buffers at 1–7; `writable` lists the read-write ones.
 fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let with_params = |writable: &[u32]| {
+    let with_params = |last: u32, writable: &[u32]| {
         let mut v = vec![layout_entry(0, params_uniform())];
-        v.extend((1..=7).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
+        v.extend((1..=last).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
         v
     };
     match kernel {
-        Kernel::RowStats => with_params(&[5]),
-        Kernel::Verify => with_params(&[5, 6, 7]),
-        Kernel::ResidualArgmax => with_params(&[6, 7]),
+        Kernel::Cutoff => with_params(5, &[5]),
+        Kernel::RowStats => with_params(8, &[5]),
+        Kernel::Verify => with_params(7, &[5, 6, 7]),
+        Kernel::ResidualArgmax => with_params(8, &[6, 7]),
         Kernel::RngCheck => vec![
             layout_entry(0, storage(true)),
             layout_entry(1, storage(true)),
@@ -622,6 +625,9 @@ impl GpuBackend {
         ws.tasks.ensure(dev, (n * 16) as u64);
         ws.candidates
             .ensure(dev, n as u64 * u64::from(num_blocks) * 16);
+        let filters = plan.filters();
+        ws.cutoffs
+            .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
         let out_words = n * plan.out_stride + 2 * n;
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -659,7 +665,7 @@ impl GpuBackend {
                     plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4) && size >= 16
                 });
             let p = Params {
-                flags: if vec4 { PARAM_VEC4 } else { 0 },
+                flags: if vec4 { PARAM_VEC4 } else { 0 } | if filters { PARAM_CUTOFF } else { 0 },
                 row_begin: w.row_begin as u32,
                 row_count: (w.row_end - w.row_begin) as u32,
                 t_elem_base: t_base,
@@ -695,6 +701,7 @@ impl GpuBackend {
             };
             let mut stats_groups = Vec::new();
             let mut residual_groups = Vec::new();
+            let mut cutoff_groups = Vec::new();
             for (t_range, d_range) in &bindings {
                 let t = ranged(1, target.buffer, t_range.0, t_range.1);
                 // The vec4 views need at least one whole vec4; smaller windows never take the
@@ -715,6 +722,20 @@ impl GpuBackend {
                     ),
                     None => (entry(2, &self.dummy), entry(7, &self.dummy)),
                 };
+                if filters {
+                    cutoff_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some("specdec.cutoff"),
+                        layout: &self.layouts[&Kernel::Cutoff],
+                        entries: &[
+                            params_entry.clone(),
+                            t.clone(),
+                            d.clone(),
+                            entry(3, ws.requests.get()),
+                            entry(4, ws.row_info.get()),
+                            entry(5, ws.cutoffs.get()),
+                        ],
+                    }));
+                }
                 stats_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("specdec.row_stats"),
                     layout: &self.layouts[&Kernel::RowStats],
@@ -727,6 +748,7 @@ impl GpuBackend {
                         entry(5, ws.block_stats.get()),
                         t4,
                         d4,
+                        entry(8, ws.cutoffs.get()),
                     ],
                 }));
                 residual_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -741,6 +763,7 @@ impl GpuBackend {
                         entry(5, ws.tasks.get()),
                         entry(6, ws.candidates.get()),
                         entry(7, ws.out.get()),
+                        entry(8, ws.cutoffs.get()),
                     ],
                 }));
             }
@@ -764,6 +787,19 @@ impl GpuBackend {
             let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
+                    // Requests with top-k / top-p / min-p first get their rows' cut-offs (timed
+                    // with row_stats when profiling per kernel).
+                    if filters {
+                        pass.set_pipeline(self.pipeline(Kernel::Cutoff, "main"));
+                        for (i, w) in windows.iter().enumerate() {
+                            pass.set_bind_group(
+                                0,
+                                &cutoff_groups[i],
+                                &[(i as u64 * slot_size) as u32],
+                            );
+                            pass.dispatch_workgroups(1, (w.row_end - w.row_begin) as u32, 1);
+                        }
+                    }
                     pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(0, &stats_groups[i], &[(i as u64 * slot_size) as u32]);
@@ -980,6 +1016,53 @@ impl GpuBackend {
     /// The output buffer of a workspace (packed words) — for callers that keep results on the GPU.
     pub(crate) fn output_buffer(ws: &Workspace) -> &wgpu::Buffer {
         ws.out.get()
+    }
+
+    /// Reads back the first `n` cut-offs the last verification in `ws` left (test hook; blocks).
+    pub(crate) fn read_cutoffs(&self, ws: &Workspace, n: usize) -> Result<Vec<f32>, Error> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = (n * 4) as u64;
+        let read = scoped(&self.device, || {
+            let read = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.cutoffs.read"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("specdec.cutoffs.read"),
+                });
+            encoder.copy_buffer_to_buffer(ws.cutoffs.get(), 0, &read, 0, bytes);
+            self.queue.submit([encoder.finish()]);
+            read
+        })
+        .map_err(|e| self.lift(e))?;
+        let flag: MapFlag = Arc::new(Mutex::new(None));
+        let flag_c = flag.clone();
+        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        self.wait(None)?;
+        match flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(Ok(())) => {}
+            other => {
+                return Err(Error::Gpu {
+                    detail: format!("cut-off readback failed: {other:?}"),
+                })
+            }
+        }
+        let out =
+            bytemuck::cast_slice::<u8, f32>(&read.slice(..).get_mapped_range().map_err(|e| {
+                Error::Gpu {
+                    detail: format!("cut-off readback mapping: {e}"),
+                }
+            })?)
+            .to_vec();
+        Ok(out)
     }
 
     /// Uploads a host-slice batch and records it into a fresh encoder; returns the submission.

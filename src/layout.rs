@@ -15,6 +15,9 @@ pub const DRAFT_LOGITS: u32 = 2;
 pub const REQ_GREEDY: u32 = 1;
 /// `ReqInfo::flags`: synthetic acceptance with per-position rates.
 pub const REQ_SYNTHETIC: u32 = 2;
+/// `ReqInfo::flags`: the request sets top-k, top-p or min-p: its rows (and draft-logit rows) get a
+/// cut-off from the cutoff pass.
+pub const REQ_FILTER: u32 = 4;
 /// `ReqInfo::flags`: deliberate fault for negative controls: reject every draft, sample from p.
 pub const REQ_FAULT_REJECT_ALL: u32 = 256;
 /// `ReqInfo::flags`: deliberate fault for negative controls: residual noise from the accept stream.
@@ -97,6 +100,8 @@ pub struct Params {
 
 /// `Params::flags`: the window's rows start on 16-byte boundaries; 16-byte loads are allowed.
 pub const PARAM_VEC4: u32 = 1;
+/// `Params::flags`: some request filters its rows: the cut-offs buffer is valid and applied.
+pub const PARAM_CUTOFF: u32 = 2;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.
@@ -109,7 +114,8 @@ pub const CHUNK_LANES: usize = 64;
 /// ```text
 ///  0 row_offset   4 draft_offset   8 num_drafts  12 flags
 /// 16 inv_temperature 20 seed_lo   24 seed_hi     28 pos_lo
-/// 32 pos_hi      36 out_offset    40..64 padding
+/// 32 pos_hi      36 out_offset    40 top_k       44 top_p
+/// 48 log_min_p   52..64 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
@@ -134,8 +140,14 @@ pub struct ReqInfo {
     pub pos_hi: u32,
     /// r × out_stride.
     pub out_offset: u32,
+    /// Keep the `top_k` largest logits (ties at the cut-off kept); 0 = off.
+    pub top_k: u32,
+    /// Keep the smallest top set of mass ≥ `top_p`; 1 = off.
+    pub top_p: f32,
+    /// ln(min_p): keep tokens with (l − max) / T ≥ this; −inf = off.
+    pub log_min_p: f32,
     /// Padding to 64 bytes.
-    pub _pad: [u32; 6],
+    pub _pad: [u32; 3],
 }
 
 impl ReqInfo {

@@ -223,6 +223,7 @@ fn forced_outcomes(v: &Verifier) -> Check {
             temperature: 1.0,
             seed: Some(i),
             rule: Rule::Synthetic,
+            ..SamplingParams::default()
         };
         s.push(
             params,

@@ -20,6 +20,8 @@ pub struct Variant {
 /// A kernel: one WGSL file, one Rust module, one CPU twin, one pipeline label prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// Per-row logit cut-offs of top-k / top-p / min-p (`shaders/cutoff.wgsl`).
+    Cutoff,
     /// Per-row statistics over vocab blocks (`shaders/row_stats.wgsl`).
     RowStats,
     /// The per-request verify loop (`shaders/verify.wgsl`).
@@ -34,7 +36,8 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 5] = [
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Cutoff,
         Kernel::RowStats,
         Kernel::Verify,
         Kernel::ResidualArgmax,
@@ -45,6 +48,7 @@ impl Kernel {
     /// The kernel's name: its file stem and the prefix of its pipeline labels.
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::Cutoff => "cutoff",
             Kernel::RowStats => "row_stats",
             Kernel::Verify => "verify",
             Kernel::ResidualArgmax => "residual_argmax",
@@ -56,6 +60,7 @@ impl Kernel {
     /// The kernel's own source (without the common prefix).
     pub fn body(self) -> &'static str {
         match self {
+            Kernel::Cutoff => include_str!("../shaders/cutoff.wgsl"),
             Kernel::RowStats => include_str!("../shaders/row_stats.wgsl"),
             Kernel::Verify => include_str!("../shaders/verify.wgsl"),
             Kernel::ResidualArgmax => include_str!("../shaders/residual_argmax.wgsl"),
@@ -67,6 +72,7 @@ impl Kernel {
     /// The entry points the library dispatches.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
+            Kernel::Cutoff => &["main"],
             Kernel::RowStats => &["block"],
             Kernel::Verify => &["main"],
             Kernel::ResidualArgmax => &["block", "merge"],

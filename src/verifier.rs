@@ -298,6 +298,30 @@ impl Verifier {
         }
     }
 
+    /// Test and debugging hook: the logit cut-off of every row (target rows, then draft rows)
+    /// under the requests' top-k / top-p / min-p, as the backend computed them during a
+    /// verification of `batch` (−inf where nothing is cut; empty when no request filters).
+    #[doc(hidden)]
+    pub fn cutoffs_blocking(&self, batch: &VerifyBatch<'_>) -> Result<Vec<f32>, Error> {
+        let (plan, draft) = self.host_plan(batch)?;
+        if !plan.filters() {
+            return Ok(Vec::new());
+        }
+        match &self.backend {
+            Backend::Cpu(_) => Ok(cpu::cutoffs(&plan, batch.target_logits, draft)),
+            Backend::Gpu(g) => {
+                let mut ws = g.take_workspace();
+                let result = (|| {
+                    let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
+                    g.wait(Some(index))?;
+                    g.read_cutoffs(&ws, plan.total_rows + plan.total_drafts)
+                })();
+                g.give_back_if_ok(ws, &result);
+                result
+            }
+        }
+    }
+
     /// Verifies a batch held in host memory without blocking the executor: the GPU is polled
     /// each time the future is polled (wgpu makes progress only when polled on native), and the
     /// future yields in between. The CPU backend computes in place.

@@ -104,7 +104,10 @@ fn params_structs_match_wgsl_layout() {
             seed_hi,
             pos_lo,
             pos_hi,
-            out_offset
+            out_offset,
+            top_k,
+            top_p,
+            log_min_p
         ]
     );
     check_layout!(

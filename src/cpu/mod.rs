@@ -2,6 +2,7 @@
 //! machines without a GPU driver and the oracle of the GPU tests. Work is split over threads by
 //! rows; the result does not depend on the thread count.
 
+pub mod cutoff;
 pub mod residual_argmax;
 pub mod row_stats;
 pub mod verify;
@@ -17,13 +18,53 @@ pub struct TwinShape {
     pub threads: usize,
 }
 
+/// The cut-offs of every row (target rows, then draft rows) under the requests' top-k / top-p /
+/// min-p, as the cutoff kernel leaves them; empty when no request filters.
+pub(crate) fn cutoffs(plan: &Plan, target: &[f32], draft: Option<&[f32]>) -> Vec<f32> {
+    if !plan.filters() {
+        return Vec::new();
+    }
+    let v = plan.vocab as usize;
+    let dv = plan.draft_vocab as usize;
+    let mut cuts = vec![f32::NEG_INFINITY; plan.total_rows + plan.total_drafts];
+    for (g, &[r, _, _, d_row]) in plan.row_info.iter().enumerate() {
+        let info = &plan.reqs[r as usize];
+        if info.flags & REQ_FILTER == 0 || info.flags & REQ_GREEDY != 0 {
+            continue;
+        }
+        cuts[g] = cutoff::row_cutoff(&target[g * v..(g + 1) * v], info);
+        if let (Some(d), true) = (draft, plan.draft_kind == DRAFT_LOGITS && d_row != NO_INDEX) {
+            let d_row = d_row as usize;
+            cuts[plan.total_rows + d_row] =
+                cutoff::row_cutoff(&d[d_row * dv..(d_row + 1) * dv], info);
+        }
+    }
+    cuts
+}
+
+/// The cut-off of target row `g` and of its draft row (−inf when nothing is cut).
+pub(crate) fn row_cuts(plan: &Plan, cuts: &[f32], g: usize) -> (f32, f32) {
+    if cuts.is_empty() {
+        return (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    }
+    let d_row = plan.row_info[g][3];
+    let dcut = if d_row != NO_INDEX {
+        cuts[plan.total_rows + d_row as usize]
+    } else {
+        f32::NEG_INFINITY
+    };
+    (cuts[g], dcut)
+}
+
 /// The inputs of one row of the statistics pass.
 pub(crate) fn row_input<'a>(
     plan: &Plan,
     g: usize,
     target: &'a [f32],
     draft: Option<&'a [f32]>,
+    cuts: &[f32],
 ) -> RowInput<'a> {
+    let (cut, dcut) = row_cuts(plan, cuts, g);
     let v = plan.vocab as usize;
     let dv = plan.draft_vocab as usize;
     let [r, k_row, drafted, d_row] = plan.row_info[g];
@@ -47,6 +88,9 @@ pub(crate) fn row_input<'a>(
         drafted,
         greedy,
         inv_t: info.inv_temperature,
+        cut,
+        dcut,
+        draft_is_logits: plan.draft_kind == DRAFT_LOGITS,
     }
 }
 
@@ -61,10 +105,11 @@ pub(crate) fn run(
     let n = plan.num_requests();
     let v = plan.vocab as usize;
     let dv = plan.draft_vocab as usize;
+    let cuts = cutoffs(plan, target, draft);
     let mut stats = vec![RowStats::default(); plan.total_rows];
     parallel_chunks(&mut stats, shape.threads, |first, chunk| {
         for (i, st) in chunk.iter_mut().enumerate() {
-            let input = row_input(plan, first + i, target, draft);
+            let input = row_input(plan, first + i, target, draft, &cuts);
             *st = row_stats::row(&input);
         }
     });
@@ -95,6 +140,7 @@ pub(crate) fn run(
                 &stats[g],
                 &target[g * v..(g + 1) * v],
                 draft_row,
+                row_cuts(plan, &cuts, g),
             );
         }
     });

@@ -36,6 +36,7 @@ pub fn candidate(
     st: &RowStats,
     target: &[f32],
     draft: Option<&[f32]>,
+    (cut, dcut): (f32, f32),
 ) -> Candidate {
     let inv_t = info.inv_temperature;
     let pos = row_position(info.position(), task.local_row);
@@ -46,7 +47,13 @@ pub fn candidate(
     let mut words = [0u32; 4];
     // One division per row, as the kernel does.
     let (inv_sum, inv_qsum) = (1.0 / st.t_sum, 1.0 / st.q_sum);
-    for (y, &l) in target.iter().enumerate() {
+    for (y, &l_raw) in target.iter().enumerate() {
+        // Entries below the cut-offs have p = 0 (and q = 0 for draft logits).
+        let l = if l_raw < cut {
+            f32::NEG_INFINITY
+        } else {
+            l_raw
+        };
         if y % 4 == 0 {
             words = random_words(info.seed(), pos, stream, (y / 4) as u32);
         }
@@ -58,6 +65,7 @@ pub fn candidate(
                 if y < plan.draft_vocab as usize {
                     let v = draft[y];
                     q = if q_logits {
+                        let v = if v < dcut { f32::NEG_INFINITY } else { v };
                         ((v - st.q_max) * inv_t).exp() * inv_qsum
                     } else {
                         sanitize_prob(v)

@@ -69,16 +69,27 @@ fn push4(
     }
 }
 
-/// Entries `y .. y+3` of `row`, −inf past its end (pushing −inf changes nothing).
+/// Entries `y .. y+3` of `row`, −inf past its end (pushing −inf changes nothing) and below
+/// the cut-off `cut` (NaN stays NaN: `NaN < cut` is false, so it is still flagged).
 #[inline]
-fn group(row: &[f32], y: usize) -> [f32; 4] {
+fn group(row: &[f32], y: usize, cut: f32) -> [f32; 4] {
     let mut g = [f32::NEG_INFINITY; 4];
     for (c, x) in g.iter_mut().enumerate() {
         if let Some(&v) = row.get(y + c) {
-            *x = v;
+            *x = if v < cut { f32::NEG_INFINITY } else { v };
         }
     }
     g
+}
+
+/// A value at the drafted token, −inf when the cut-off removed it (so its probability is 0).
+#[inline]
+pub(crate) fn masked(x: f32, cut: f32) -> f32 {
+    if x < cut {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
 }
 
 /// One side of a merge rescaled to `m_new`; a −inf side contributes nothing.
@@ -111,6 +122,12 @@ pub struct RowInput<'a> {
     pub greedy: bool,
     /// 1 / T.
     pub inv_t: f32,
+    /// Target entries below this logit count as −inf (top-k / top-p / min-p); −inf = none.
+    pub cut: f32,
+    /// The same for the draft-logit row.
+    pub dcut: f32,
+    /// The draft row holds logits (so `dcut` applies to `q_at_d`).
+    pub draft_is_logits: bool,
 }
 
 /// Statistics of chunk `chunk` of one row, in the order of the statistics contract: lane `l`
@@ -129,7 +146,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
             if y0 < vocab {
                 push4(
                     tl,
-                    group(input.target, y0),
+                    group(input.target, y0, input.cut),
                     y0 as u32,
                     inv_t,
                     with_sum,
@@ -141,7 +158,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                 if y0 < draft.len() {
                     push4(
                         ql,
-                        group(draft, y0),
+                        group(draft, y0, input.dcut),
                         y0 as u32,
                         inv_t,
                         true,
@@ -189,10 +206,14 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
     if input.drafted >= 0 {
         let d = input.drafted as usize;
         if d >= begin && d < begin + CHUNK {
-            out.t_at_d = input.target[d];
+            out.t_at_d = masked(input.target[d], input.cut);
             if let Some(values) = input.draft_values {
                 if d < values.len() {
-                    out.q_at_d = values[d];
+                    out.q_at_d = if input.draft_is_logits {
+                        masked(values[d], input.dcut)
+                    } else {
+                        values[d]
+                    };
                 }
             }
         }

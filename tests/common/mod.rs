@@ -251,3 +251,116 @@ pub fn row(vocab: usize, rest: f32, set: &[(usize, f32)]) -> Vec<f32> {
     }
     r
 }
+
+/// The sampling controls of a request, as the tests' sort-based reference reads them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Controls {
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+impl Controls {
+    pub const OFF: Controls = Controls {
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+    };
+    pub fn apply(self, p: SamplingParams) -> SamplingParams {
+        p.with_top_k(self.top_k)
+            .with_top_p(self.top_p)
+            .with_min_p(self.min_p)
+    }
+}
+
+/// The sort-based reference of the controls (`SamplingParams` docs), in f64: min-p, then top-k
+/// over what is left, then top-p over the renormalised rest, every cut defined by values (ties
+/// kept). Returns the kept mask and whether a cut sits within rounding of its threshold (then a
+/// backend working in f32 / fixed point may legitimately decide the other way).
+pub fn kept_reference(row: &[f32], t: f64, c: Controls) -> (Vec<bool>, bool) {
+    let mut ambiguous = false;
+    let m = row
+        .iter()
+        .filter(|x| !x.is_nan())
+        .cloned()
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut kept: Vec<bool> = row.iter().map(|x| x.is_finite()).collect();
+    if c.min_p > 0.0 {
+        let ln = (c.min_p as f64).ln();
+        for (y, k) in kept.iter_mut().enumerate() {
+            let z = (row[y] as f64 - m) / t;
+            // The maxima pass exactly ((m − m)/T = 0 ≥ ln(min_p)); others may sit on the edge.
+            if row[y] as f64 != m && (z - ln).abs() < 1e-5 {
+                ambiguous = true;
+            }
+            *k &= z >= ln;
+        }
+    }
+    if c.top_k > 0 {
+        let mut vals: Vec<f32> = (0..row.len())
+            .filter(|&y| kept[y])
+            .map(|y| row[y])
+            .collect();
+        if vals.len() > c.top_k as usize {
+            vals.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            let v = vals[c.top_k as usize - 1];
+            for (y, k) in kept.iter_mut().enumerate() {
+                *k &= row[y] >= v;
+            }
+        }
+    }
+    if c.top_p < 1.0 {
+        let w: Vec<f64> = (0..row.len())
+            .map(|y| {
+                if kept[y] {
+                    ((row[y] as f64 - m) / t).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = w.iter().sum();
+        let goal = c.top_p as f64 * total;
+        let mut vals: Vec<f32> = (0..row.len())
+            .filter(|&y| kept[y])
+            .map(|y| row[y])
+            .collect();
+        vals.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        vals.dedup();
+        // What a backend may get wrong: f32 rounding of the goal and of exp, and the 2^-31
+        // fixed-point truncation of each entry's mass (relative to the max, as `w` is here).
+        let tol = 2e-7 * total + row.len() as f64 * 1e-9;
+        let mut cum = 0.0;
+        let mut cut = f32::NEG_INFINITY;
+        for v in vals {
+            let before = cum;
+            let group: f64 = (0..row.len())
+                .filter(|&y| kept[y] && row[y] == v)
+                .map(|y| w[y])
+                .sum();
+            cum += group;
+            if (cum - goal).abs() <= tol || (before - goal).abs() <= tol {
+                ambiguous = true;
+            }
+            if cum >= goal {
+                cut = v;
+                break;
+            }
+        }
+        for (y, k) in kept.iter_mut().enumerate() {
+            *k &= row[y] >= cut;
+        }
+    }
+    (kept, ambiguous)
+}
+
+/// The processed distribution of a row: softmax(l / t) over the reference's kept set.
+pub fn processed(row: &[f32], t: f64, c: Controls) -> Vec<f64> {
+    let (kept, _) = kept_reference(row, t, c);
+    let masked: Vec<f32> = row
+        .iter()
+        .zip(&kept)
+        .map(|(&x, &k)| if k { x } else { f32::NEG_INFINITY })
+        .collect();
+    softmax(&masked, t)
+}
