@@ -10,7 +10,9 @@
 //! cargo run --release --example verify_batch
 //! ```
 
-use specdec::{Draft, Request, Rule, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use specdec::{
+    Draft, Logits, Request, Rule, SamplingParams, Verifier, VerifierOptions, VerifyBatch,
+};
 use std::time::Instant;
 
 /// SplitMix64: a tiny deterministic generator for the example's inputs.
@@ -71,7 +73,7 @@ fn main() {
         vocab_size: vocab as u32,
         requests: &requests,
         draft_token_ids: &drafts,
-        target_logits: &target,
+        target_logits: Logits::F32(&target),
         draft: Draft::OneHot,
         draft_vocab_size: None,
         synthetic_rates: Some(&rates),

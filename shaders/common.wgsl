@@ -40,6 +40,13 @@ const PARAM_VEC4: u32 = 1u;
 // Params::flags: some request sets top-k / top-p / min-p; `cutoffs` holds a logit cut-off per
 // target row (then per draft row, after total_rows) and entries below it count as -inf.
 const PARAM_CUTOFF: u32 = 2u;
+// Params::flags: element types. The logits bindings are arrays of 32-bit words; f32 rows are
+// bitcast, f16 / bf16 rows hold two values per word (low half first) and are widened exactly
+// with integer operations (no SHADER_F16 needed). The twin is src/batch.rs f16_to_f32.
+const PARAM_T_F16: u32 = 4u;
+const PARAM_T_BF16: u32 = 8u;
+const PARAM_D_F16: u32 = 16u;
+const PARAM_D_BF16: u32 = 32u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
@@ -127,6 +134,7 @@ const TASK_DRAFT_RESIDUAL: u32 = 3u;   // max(p - q, 0)
 const STATUS_TARGET_NONFINITE: u32 = 1u;
 const STATUS_DRAFT_NONFINITE: u32 = 2u;
 const STATUS_EMPTY_RESIDUAL: u32 = 4u;
+const STATUS_ALL_MASKED: u32 = 8u;
 
 const STREAM_ACCEPT: u32 = 0u;
 const STREAM_RESIDUAL: u32 = 1u;
@@ -150,6 +158,35 @@ fn is_pos_inf(x: f32) -> bool {
 }
 fn is_neg_inf(x: f32) -> bool {
     return bitcast<u32>(x) == NEG_INF_BITS;
+}
+
+// Exact widening of IEEE binary16 bits (low 16 bits of h) to f32: normals by re-biasing the
+// exponent, subnormals as m · 2^-24 (exact), inf and NaN kept.
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        let v = f32(m) * 5.9604645e-8;
+        return select(v, -v, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Element `i` of a row buffer of 32-bit words holding f32 (half_bits 0), f16 (PARAM_T_F16) or
+// bf16 (PARAM_T_BF16) values; `word` is the word holding it (word i for f32, i / 2 otherwise).
+fn widen(word: u32, i: u32, half_bits: u32) -> f32 {
+    if (half_bits == 0u) {
+        return bitcast<f32>(word);
+    }
+    let h = select(word & 0xffffu, word >> 16u, (i & 1u) != 0u);
+    if (half_bits == PARAM_T_BF16) {
+        return bitcast<f32>(h << 16u);
+    }
+    return f16_to_f32(h);
 }
 
 // ---------------------------------------------------------------------------------------------

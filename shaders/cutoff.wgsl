@@ -23,11 +23,21 @@
 // workgroup then does the row's draft row when the draft is given as logits.
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<f32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<f32>;
+@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> cutoffs: array<f32>;
+
+// Element i of the target / draft binding, whatever its element type (see `widen`).
+fn t_elem(i: u32) -> f32 {
+    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
+}
+fn d_elem(i: u32) -> f32 {
+    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
+}
 
 const BINS: u32 = 256u;
 // Smallest key of a finite value (-f32::MAX); -inf maps just below it.
@@ -72,9 +82,9 @@ fn value_of(k: u32) -> f32 {
 // arrays cannot be passed to functions in core WGSL, hence the branch.
 fn load(which: u32, base: u32, y: u32) -> f32 {
     if (which == 0u) {
-        return target_logits[base + y];
+        return t_elem(base + y);
     }
-    return draft_values[base + y];
+    return d_elem(base + y);
 }
 
 // Unsigned 64-bit a >= b on (hi, lo) pairs.

@@ -15,8 +15,8 @@
 // Dispatch `merge`: one workgroup per request folds its blocks and writes the token.
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<f32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<f32>;
+@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_stats: array<RowStats>;
 @group(0) @binding(5) var<storage, read> tasks: array<Task>;
@@ -24,6 +24,16 @@
 @group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
 // Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
+
+// Element i of the target / draft binding, whatever its element type (see `widen`).
+fn t_elem(i: u32) -> f32 {
+    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
+}
+fn d_elem(i: u32) -> f32 {
+    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
+}
 
 var<workgroup> sh_rk: array<f32, MAX_WG>;
 var<workgroup> sh_ri: array<u32, MAX_WG>;
@@ -54,17 +64,17 @@ struct RaceCtx {
 fn load_logits4(base: u32, y: u32, end: u32) -> vec4<f32> {
     let ninf = bitcast<f32>(NEG_INF_BITS);
     if (y + 3u < end) {
-        return vec4<f32>(target_logits[base + y], target_logits[base + y + 1u], target_logits[base + y + 2u], target_logits[base + y + 3u]);
+        return vec4<f32>(t_elem(base + y), t_elem(base + y + 1u), t_elem(base + y + 2u), t_elem(base + y + 3u));
     }
     var r = vec4<f32>(ninf);
     if (y < end) {
-        r.x = target_logits[base + y];
+        r.x = t_elem(base + y);
     }
     if (y + 1u < end) {
-        r.y = target_logits[base + y + 1u];
+        r.y = t_elem(base + y + 1u);
     }
     if (y + 2u < end) {
-        r.z = target_logits[base + y + 2u];
+        r.z = t_elem(base + y + 2u);
     }
     return r;
 }
@@ -74,17 +84,17 @@ fn load_logits4(base: u32, y: u32, end: u32) -> vec4<f32> {
 fn load_draft4(base: u32, y: u32) -> vec4<f32> {
     let v = params.draft_vocab;
     if (y + 3u < v) {
-        return vec4<f32>(draft_values[base + y], draft_values[base + y + 1u], draft_values[base + y + 2u], draft_values[base + y + 3u]);
+        return vec4<f32>(d_elem(base + y), d_elem(base + y + 1u), d_elem(base + y + 2u), d_elem(base + y + 3u));
     }
     var r = vec4<f32>(0.0);
     if (y < v) {
-        r.x = draft_values[base + y];
+        r.x = d_elem(base + y);
     }
     if (y + 1u < v) {
-        r.y = draft_values[base + y + 1u];
+        r.y = d_elem(base + y + 1u);
     }
     if (y + 2u < v) {
-        r.z = draft_values[base + y + 2u];
+        r.z = d_elem(base + y + 2u);
     }
     return r;
 }

@@ -16,17 +16,27 @@
 // Argmax ties go to the lowest index; an all -inf / NaN row reports index 0.
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<f32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<f32>;
+@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> chunk_stats: array<RowStats>;
 // The same ranges as bindings 1 and 2, seen as vec4 (used only when PARAM_VEC4 is set).
-@group(0) @binding(6) var<storage, read> target_vec4: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> draft_vec4: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> target_vec4: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> draft_vec4: array<vec4<u32>>;
 // Per-row logit cut-offs from the cutoff pass (read only when PARAM_CUTOFF is set): target rows,
 // then draft rows after total_rows. Entries below a row's cut-off count as -inf.
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
+
+// Element i of the target / draft binding, whatever its element type (see `widen`).
+fn t_elem(i: u32) -> f32 {
+    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
+}
+fn d_elem(i: u32) -> f32 {
+    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
+}
 
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {
@@ -71,19 +81,19 @@ fn load_target(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
     let ninf = bitcast<f32>(NEG_INF_BITS);
     if (y + 3u < v) {
         if (vec4_path) {
-            return target_vec4[(base + y) / 4u];
+            return bitcast<vec4<f32>>(target_vec4[(base + y) / 4u]);
         }
-        return vec4<f32>(target_logits[base + y], target_logits[base + y + 1u], target_logits[base + y + 2u], target_logits[base + y + 3u]);
+        return vec4<f32>(t_elem(base + y), t_elem(base + y + 1u), t_elem(base + y + 2u), t_elem(base + y + 3u));
     }
     var r = vec4<f32>(ninf);
     if (y < v) {
-        r.x = target_logits[base + y];
+        r.x = t_elem(base + y);
     }
     if (y + 1u < v) {
-        r.y = target_logits[base + y + 1u];
+        r.y = t_elem(base + y + 1u);
     }
     if (y + 2u < v) {
-        r.z = target_logits[base + y + 2u];
+        r.z = t_elem(base + y + 2u);
     }
     return r;
 }
@@ -94,19 +104,19 @@ fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
     let ninf = bitcast<f32>(NEG_INF_BITS);
     if (y + 3u < v) {
         if (vec4_path) {
-            return draft_vec4[(base + y) / 4u];
+            return bitcast<vec4<f32>>(draft_vec4[(base + y) / 4u]);
         }
-        return vec4<f32>(draft_values[base + y], draft_values[base + y + 1u], draft_values[base + y + 2u], draft_values[base + y + 3u]);
+        return vec4<f32>(d_elem(base + y), d_elem(base + y + 1u), d_elem(base + y + 2u), d_elem(base + y + 3u));
     }
     var r = vec4<f32>(ninf);
     if (y < v) {
-        r.x = draft_values[base + y];
+        r.x = d_elem(base + y);
     }
     if (y + 1u < v) {
-        r.y = draft_values[base + y + 1u];
+        r.y = d_elem(base + y + 1u);
     }
     if (y + 2u < v) {
-        r.z = draft_values[base + y + 2u];
+        r.z = d_elem(base + y + 2u);
     }
     return r;
 }
@@ -290,12 +300,12 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             // The values at the drafted token come from the one chunk that holds it.
             if (drafted >= 0 && u32(drafted) >= begin && u32(drafted) < begin + CHUNK) {
                 let dt = u32(drafted);
-                out.t_at_d = target_logits[t_base + dt];
+                out.t_at_d = t_elem(t_base + dt);
                 if (out.t_at_d < cut) {
                     out.t_at_d = bitcast<f32>(NEG_INF_BITS); // cut off: p(d) = 0
                 }
                 if (params.draft_kind != DRAFT_NONE && dt < params.draft_vocab) {
-                    out.q_at_d = draft_values[d_base + dt];
+                    out.q_at_d = d_elem(d_base + dt);
                     if (params.draft_kind == DRAFT_LOGITS && out.q_at_d < dcut) {
                         out.q_at_d = bitcast<f32>(NEG_INF_BITS);
                     }

@@ -195,7 +195,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
     var final_token = -1;
     if (row_nonfinite(st)) {
-        status |= STATUS_TARGET_NONFINITE;
+        // NaN / +inf is a numeric failure; a row that is all -inf (after the controls, which
+        // never empty a finite row) was masked entirely by the caller.
+        if ((st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u) {
+            status |= STATUS_TARGET_NONFINITE;
+        } else {
+            status |= STATUS_ALL_MASKED;
+        }
         final_token = i32(st.t_arg);
     } else if (stop < k) {
         let d = draft_ids[info.draft_offset + stop];

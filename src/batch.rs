@@ -165,6 +165,107 @@ impl<T> Draft<T> {
     }
 }
 
+/// The element type of a logits (or draft) buffer. Half-precision rows are read directly, two
+/// per 32-bit word, and widened exactly to f32 with integer operations (no `SHADER_F16` needed),
+/// so every adapter reads them and the result equals that of the f32 copy of the same values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// IEEE binary32.
+    #[default]
+    F32,
+    /// IEEE binary16 (`half::f16` bits).
+    F16,
+    /// bfloat16: the top 16 bits of an f32.
+    Bf16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+}
+
+/// Exact widening of an IEEE binary16 value (bits) to f32, the twin of `f16_to_f32` in the
+/// WGSL: normals and subnormals exactly, ±inf, NaN kept NaN.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let e = (h >> 10) & 0x1f;
+    let m = h & 0x3ff;
+    if e == 0 {
+        // Subnormal or zero: m · 2^-24, exact in f32.
+        let v = m as f32 * 5.960_464_5e-8;
+        return if sign != 0 { -v } else { v };
+    }
+    if e == 31 {
+        return f32::from_bits(sign | 0x7f80_0000 | (m << 13));
+    }
+    f32::from_bits(sign | ((e + 112) << 23) | (m << 13))
+}
+
+/// Widening of a bfloat16 value (bits) to f32: exact by construction.
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// Host rows of logits or probabilities in one of the supported element types.
+#[derive(Clone, Copy, Debug)]
+pub enum Logits<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// IEEE binary16 values, as raw bits.
+    F16(&'a [u16]),
+    /// bfloat16 values, as raw bits.
+    Bf16(&'a [u16]),
+}
+
+impl<'a, T: AsRef<[f32]> + ?Sized> From<&'a T> for Logits<'a> {
+    fn from(v: &'a T) -> Self {
+        Logits::F32(v.as_ref())
+    }
+}
+
+impl<'a> Logits<'a> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Logits::F32(v) => v.len(),
+            Logits::F16(v) | Logits::Bf16(v) => v.len(),
+        }
+    }
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            Logits::F32(_) => Dtype::F32,
+            Logits::F16(_) => Dtype::F16,
+            Logits::Bf16(_) => Dtype::Bf16,
+        }
+    }
+    /// The values as f32: borrowed for f32, widened (exactly) otherwise.
+    pub fn to_f32(&self) -> std::borrow::Cow<'a, [f32]> {
+        match *self {
+            Logits::F32(v) => std::borrow::Cow::Borrowed(v),
+            Logits::F16(v) => v.iter().map(|&h| f16_to_f32(h)).collect(),
+            Logits::Bf16(v) => v.iter().map(|&h| bf16_to_f32(h)).collect(),
+        }
+    }
+    /// The raw bytes, as they are uploaded.
+    pub(crate) fn bytes(&self) -> &'a [u8] {
+        match *self {
+            Logits::F32(v) => bytemuck::cast_slice(v),
+            Logits::F16(v) | Logits::Bf16(v) => bytemuck::cast_slice(v),
+        }
+    }
+}
+
 /// A batch to verify, in host memory (SPEC §2 layout).
 #[derive(Clone, Copy, Debug)]
 pub struct VerifyBatch<'a> {
@@ -175,10 +276,10 @@ pub struct VerifyBatch<'a> {
     /// Σ num_drafts ids, request after request; −1 marks an invalid draft (always rejected).
     pub draft_token_ids: &'a [i32],
     /// Σ (num_drafts + 1) rows × V target logits; request r owns num_drafts + 1 consecutive rows,
-    /// the last one being its bonus row.
-    pub target_logits: &'a [f32],
-    /// The draft distribution.
-    pub draft: Draft<&'a [f32]>,
+    /// the last one being its bonus row. f32, f16 or bf16 (`(&vec).into()` for f32).
+    pub target_logits: Logits<'a>,
+    /// The draft distribution (rows in any [`Dtype`], independently of the target's).
+    pub draft: Draft<Logits<'a>>,
     /// Columns of a draft row when the draft model's vocabulary is smaller than the target's
     /// (padded vocabularies, e.g. 151,936 vs 152,064): draft rows are this long and tokens at or
     /// past it have q = 0. `None`: the target's `vocab_size`.
@@ -195,14 +296,18 @@ pub struct Status(pub u32);
 impl Status {
     /// Nothing unusual.
     pub const OK: Status = Status(0);
-    /// A target row had NaN or +inf, or was all −inf: the request stopped at that row and emitted
-    /// its argmax (NaN counted as −inf, lowest index on ties, 0 if the row has no finite value).
+    /// A target row had NaN or +inf: the request stopped at that row and emitted its argmax (NaN
+    /// counted as −inf, lowest index on ties, 0 if the row has no finite value).
     pub const TARGET_NONFINITE: Status = Status(1);
     /// A draft-logit row had NaN or +inf, or was all −inf: its draft was rejected and the token
     /// resampled from p.
     pub const DRAFT_NONFINITE: Status = Status(2);
     /// The residual max(p − q, 0) had no mass: the token was sampled from p instead.
     pub const EMPTY_RESIDUAL: Status = Status(4);
+    /// Every token of a target row was masked (the row is all −inf, e.g. a grammar mask with no
+    /// way out): the request stopped there and emitted token 0, which the caller should discard.
+    /// top-k / top-p / min-p never cause it: they always keep the most likely token.
+    pub const ALL_MASKED: Status = Status(8);
 
     /// True when no flag is set.
     pub fn is_ok(self) -> bool {
@@ -228,6 +333,9 @@ impl fmt::Display for Status {
         }
         if self.contains(Status::EMPTY_RESIDUAL) {
             parts.push("empty-residual");
+        }
+        if self.contains(Status::ALL_MASKED) {
+            parts.push("all-masked");
         }
         write!(f, "{}", parts.join("+"))
     }

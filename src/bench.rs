@@ -5,7 +5,7 @@
 //! memory-bandwidth ceilings measured by the same run and with vLLM's anchors on an H200.
 
 use crate::{
-    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier,
+    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Request, SamplingParams, Verifier,
     VerifierOptions, VerifyBatch, VerifyOutput,
 };
 use std::fmt::Write as _;
@@ -427,19 +427,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         vocab_size: v,
                         requests: &requests,
                         draft_token_ids: &drafts,
-                        target_logits: GpuRows {
-                            buffer: &t_buf,
-                            offset: 0,
-                        },
+                        target_logits: GpuRows::f32(&t_buf, 0),
                         draft: match mode {
-                            BenchMode::DraftProbs => GpuDraft::Probs(GpuRows {
-                                buffer: &p_buf,
-                                offset: 0,
-                            }),
-                            BenchMode::DraftLogits => GpuDraft::Logits(GpuRows {
-                                buffer: &d_buf,
-                                offset: 0,
-                            }),
+                            BenchMode::DraftProbs => GpuDraft::Probs(GpuRows::f32(&p_buf, 0)),
+                            BenchMode::DraftLogits => GpuDraft::Logits(GpuRows::f32(&d_buf, 0)),
                             _ => GpuDraft::OneHot,
                         },
                         draft_vocab_size: None,
@@ -449,10 +440,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         vocab_size: v,
                         requests: &requests,
                         draft_token_ids: &drafts,
-                        target_logits: target,
+                        target_logits: Logits::F32(target),
                         draft: match (mode, draft_host) {
-                            (BenchMode::DraftProbs, Some(d)) => Draft::Probs(d),
-                            (BenchMode::DraftLogits, Some(d)) => Draft::Logits(d),
+                            (BenchMode::DraftProbs, Some(d)) => Draft::Probs(Logits::F32(d)),
+                            (BenchMode::DraftLogits, Some(d)) => Draft::Logits(Logits::F32(d)),
                             _ => Draft::OneHot,
                         },
                         draft_vocab_size: None,
@@ -564,7 +555,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                 vocab_size: v,
                 requests: &requests,
                 draft_token_ids: &drafts,
-                target_logits: &host_t[..n_t],
+                target_logits: Logits::F32(&host_t[..n_t]),
                 draft: Draft::OneHot,
                 draft_vocab_size: None,
                 synthetic_rates: None,
@@ -822,10 +813,10 @@ fn baseline(
         staging.unmap();
         let (t, d) = host.split_at(n_t);
         let b = VerifyBatch {
-            target_logits: t,
+            target_logits: Logits::F32(t),
             draft: match mode {
-                BenchMode::DraftProbs => Draft::Probs(d),
-                BenchMode::DraftLogits => Draft::Logits(d),
+                BenchMode::DraftProbs => Draft::Probs(Logits::F32(d)),
+                BenchMode::DraftLogits => Draft::Logits(Logits::F32(d)),
                 _ => Draft::OneHot,
             },
             ..*batch
@@ -872,10 +863,10 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         vocab_size: v,
                         requests: &requests,
                         draft_token_ids: &drafts,
-                        target_logits: &host_t[..n_t],
+                        target_logits: Logits::F32(&host_t[..n_t]),
                         draft: match mode {
-                            BenchMode::DraftProbs => Draft::Probs(&probs),
-                            BenchMode::DraftLogits => Draft::Logits(&host_d[..n_d]),
+                            BenchMode::DraftProbs => Draft::Probs(Logits::F32(&probs)),
+                            BenchMode::DraftLogits => Draft::Logits(Logits::F32(&host_d[..n_d])),
                             _ => Draft::OneHot,
                         },
                         draft_vocab_size: None,

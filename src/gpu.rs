@@ -177,13 +177,40 @@ impl Workspace {
     }
 }
 
-/// A logits (or draft) buffer of the caller, with the byte offset of its first row.
+/// A logits (or draft) buffer of the caller, with the byte offset of its first row and its
+/// element type.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuRows<'a> {
     /// The buffer (needs `BufferUsages::STORAGE`).
     pub buffer: &'a wgpu::Buffer,
-    /// Byte offset of the first row; a multiple of 4.
+    /// Byte offset of the first row; a multiple of the element size (4 for f32, 2 for halves).
     pub offset: u64,
+    /// Element type of the rows.
+    pub dtype: crate::Dtype,
+}
+
+impl<'a> GpuRows<'a> {
+    /// f32 rows starting `offset` bytes into `buffer`.
+    pub fn f32(buffer: &'a wgpu::Buffer, offset: u64) -> Self {
+        GpuRows {
+            buffer,
+            offset,
+            dtype: crate::Dtype::F32,
+        }
+    }
+    /// The same rows read as `dtype`.
+    pub fn with_dtype(self, dtype: crate::Dtype) -> Self {
+        GpuRows { dtype, ..self }
+    }
+}
+
+/// `Params::flags` bits of a target (shift 0) or draft (shift 2) element type.
+fn dtype_bits(dtype: crate::Dtype, shift: u32) -> u32 {
+    match dtype {
+        crate::Dtype::F32 => 0,
+        crate::Dtype::F16 => PARAM_T_F16 << shift,
+        crate::Dtype::Bf16 => PARAM_T_BF16 << shift,
+    }
 }
 
 /// The draft distribution of a GPU-resident batch (rows in a GPU buffer).
@@ -519,11 +546,11 @@ impl GpuBackend {
     pub(crate) fn upload(
         &self,
         ws: &mut Workspace,
-        target: &[f32],
-        draft: Option<&[f32]>,
+        target: crate::Logits<'_>,
+        draft: Option<crate::Logits<'_>>,
     ) -> Result<(), Error> {
         let max = self.device.limits().max_buffer_size;
-        let bytes = std::mem::size_of_val(target) as u64;
+        let bytes = target.bytes().len() as u64;
         if bytes > max {
             return Err(Error::BatchTooLarge {
                 reason: format!(
@@ -532,14 +559,22 @@ impl GpuBackend {
                 ),
             });
         }
-        let buf = ws.upload_target.ensure(&self.device, bytes);
-        self.queue
-            .write_buffer(buf, 0, bytemuck::cast_slice(target));
-        if let Some(d) = draft {
-            let buf = ws
-                .upload_draft
-                .ensure(&self.device, std::mem::size_of_val(d) as u64);
-            self.queue.write_buffer(buf, 0, bytemuck::cast_slice(d));
+        for (grow, rows) in [
+            (&mut ws.upload_target, Some(target)),
+            (&mut ws.upload_draft, draft),
+        ] {
+            let Some(rows) = rows else { continue };
+            let data = rows.bytes();
+            // Copies move whole 4-byte words: an odd count of half values gets one pad value.
+            let padded = (data.len() as u64).next_multiple_of(4);
+            let buf = grow.ensure(&self.device, padded);
+            let whole = data.len() / 4 * 4;
+            self.queue.write_buffer(buf, 0, &data[..whole]);
+            if whole < data.len() {
+                let mut tail = [0u8; 4];
+                tail[..data.len() - whole].copy_from_slice(&data[whole..]);
+                self.queue.write_buffer(buf, whole as u64, &tail);
+            }
         }
         Ok(())
     }
@@ -558,7 +593,9 @@ impl GpuBackend {
         self.check_alive()?;
         let v = u64::from(plan.vocab);
         let dv = u64::from(plan.draft_vocab);
-        let row_bytes = v * 4;
+        let t_size = target.dtype.size();
+        let d_size = draft.map_or(4, |d| d.dtype.size());
+        let row_bytes = v * t_size;
         let limits = self.device.limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment);
         // Host checks of the caller's buffers, before anything is recorded.
@@ -566,17 +603,18 @@ impl GpuBackend {
             ("target logits", plan.total_rows, v, Some(target)),
             ("draft", plan.total_drafts, dv, draft),
         ] {
+            let size = b.map_or(4, |b| b.dtype.size());
             if let Some(b) = b {
                 if !b.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
                     return Err(Error::BufferUsage { what });
                 }
-                if !b.offset.is_multiple_of(4) {
+                if !b.offset.is_multiple_of(size) {
                     return Err(Error::MisalignedOffset {
                         what,
                         offset: b.offset,
                     });
                 }
-                let needed = b.offset + rows as u64 * vocab * 4;
+                let needed = b.offset + rows as u64 * vocab * size;
                 if needed > b.buffer.size() {
                     return Err(Error::BufferTooSmall {
                         what,
@@ -586,14 +624,16 @@ impl GpuBackend {
                 }
             }
         }
-        if row_bytes + align > self.max_binding {
+        // A window binds the same rows of the target and of the draft: the larger row decides.
+        let bind_row = row_bytes.max(if draft.is_some() { dv * d_size } else { 0 });
+        if bind_row + align > self.max_binding {
             return Err(Error::RowTooLarge {
-                row_bytes,
+                row_bytes: bind_row,
                 max_binding: self.max_binding,
             });
         }
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
-        let max_rows = (((self.max_binding - align) / row_bytes) as usize).min(max_dim);
+        let max_rows = (((self.max_binding - align) / bind_row) as usize).min(max_dim);
         let n = plan.num_requests();
         if n > max_dim || n.div_ceil(self.wg as usize) > max_dim {
             return Err(Error::BatchTooLarge {
@@ -652,20 +692,25 @@ impl GpuBackend {
             let (t_range, t_base) = window_range(target, w.row_begin, w.row_end, row_bytes, align);
             let (d_range, d_base) = match draft {
                 Some(d) if w.d_row_end > w.d_row_begin => {
-                    let (r, b) = window_range(d, w.d_row_begin, w.d_row_end, dv * 4, align);
+                    let (r, b) = window_range(d, w.d_row_begin, w.d_row_end, dv * d_size, align);
                     (Some((d.buffer, r)), b)
                 }
                 _ => (None, 0),
             };
-            // 16-byte loads when every row of the window starts on a 16-byte boundary.
-            let vec4 = plan.vocab.is_multiple_of(4)
+            // 16-byte loads when every row of the window starts on a 16-byte boundary (f32 only).
+            let vec4 = t_size == 4
+                && d_size == 4
+                && plan.vocab.is_multiple_of(4)
                 && t_range.1 >= 16
                 && t_base.is_multiple_of(4)
                 && d_range.is_none_or(|(_, (_, size))| {
                     plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4) && size >= 16
                 });
             let p = Params {
-                flags: if vec4 { PARAM_VEC4 } else { 0 } | if filters { PARAM_CUTOFF } else { 0 },
+                flags: if vec4 { PARAM_VEC4 } else { 0 }
+                    | if filters { PARAM_CUTOFF } else { 0 }
+                    | dtype_bits(target.dtype, 0)
+                    | draft.map_or(0, |d| dtype_bits(d.dtype, 2)),
                 row_begin: w.row_begin as u32,
                 row_count: (w.row_end - w.row_begin) as u32,
                 t_elem_base: t_base,
@@ -1070,8 +1115,8 @@ impl GpuBackend {
         &self,
         ws: &mut Workspace,
         plan: &Plan,
-        target: &[f32],
-        draft: Option<&[f32]>,
+        target: crate::Logits<'_>,
+        draft: Option<crate::Logits<'_>>,
     ) -> Result<wgpu::SubmissionIndex, Error> {
         self.upload(ws, target, draft)?;
         let mut encoder = self
@@ -1083,14 +1128,11 @@ impl GpuBackend {
         // mutably while reading from its upload buffers.
         let t_buf = ws.upload_target.get().clone();
         let d_buf = draft.map(|_| ws.upload_draft.get().clone());
-        let t = GpuRows {
-            buffer: &t_buf,
-            offset: 0,
-        };
-        let d = d_buf.as_ref().map(|b| GpuRows {
-            buffer: b,
-            offset: 0,
-        });
+        let t = GpuRows::f32(&t_buf, 0).with_dtype(target.dtype());
+        let d = d_buf
+            .as_ref()
+            .zip(draft)
+            .map(|(b, d)| GpuRows::f32(b, 0).with_dtype(d.dtype()));
         self.record(&mut encoder, ws, plan, t, d, Timestamps::None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
     }
@@ -1240,5 +1282,12 @@ fn window_range(
     let start = rows.offset + begin as u64 * row_bytes;
     let stop = rows.offset + end as u64 * row_bytes;
     let aligned = start - start % align;
-    ((aligned, stop - aligned), ((start - aligned) / 4) as u32)
+    // Bindings cover whole 4-byte words (an odd count of half values ends mid-word).
+    let size = (stop - aligned)
+        .next_multiple_of(4)
+        .min(rows.buffer.size() - aligned);
+    (
+        (aligned, size),
+        ((start - aligned) / rows.dtype.size()) as u32,
+    )
 }

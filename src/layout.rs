@@ -102,6 +102,14 @@ pub struct Params {
 pub const PARAM_VEC4: u32 = 1;
 /// `Params::flags`: some request filters its rows: the cut-offs buffer is valid and applied.
 pub const PARAM_CUTOFF: u32 = 2;
+/// `Params::flags`: the target rows are IEEE binary16 (two per 32-bit word).
+pub const PARAM_T_F16: u32 = 4;
+/// `Params::flags`: the target rows are bfloat16 (two per 32-bit word).
+pub const PARAM_T_BF16: u32 = 8;
+/// `Params::flags`: the draft rows are IEEE binary16.
+pub const PARAM_D_F16: u32 = 16;
+/// `Params::flags`: the draft rows are bfloat16.
+pub const PARAM_D_BF16: u32 = 32;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.

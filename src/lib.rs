@@ -22,7 +22,7 @@
 //!         vocab_size: vocab as u32,
 //!         requests: &requests,
 //!         draft_token_ids: &[3, 5],
-//!         target_logits: &logits,
+//!         target_logits: (&logits).into(),
 //!         draft: Draft::OneHot,
 //!         draft_vocab_size: None,
 //!         synthetic_rates: None,
@@ -48,8 +48,8 @@ pub mod synthetic;
 mod verifier;
 
 pub use batch::{
-    Draft, Fault, Request, Rule, SamplingParams, Status, VerifyBatch, VerifyOutput,
-    MAX_DRAFTS_PER_REQUEST,
+    bf16_to_f32, f16_to_f32, Draft, Dtype, Fault, Logits, Request, Rule, SamplingParams, Status,
+    VerifyBatch, VerifyOutput, MAX_DRAFTS_PER_REQUEST,
 };
 pub use device::DeviceChoice;
 pub use error::Error;

@@ -1,7 +1,7 @@
 //! `Verifier`: the one entry point. Built once per device; verifies batches from host slices or
 //! records into the caller's command encoder over the caller's GPU buffers.
 
-use crate::batch::{check_rows, Fault, Plan, Request, Shape, VerifyBatch, VerifyOutput};
+use crate::batch::{check_rows, Fault, Logits, Plan, Request, Shape, VerifyBatch, VerifyOutput};
 use crate::cpu::{self, TwinShape};
 use crate::error::Error;
 use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Workspace};
@@ -86,7 +86,8 @@ pub struct GpuVerifyBatch<'a> {
     pub requests: &'a [Request],
     /// Σ num_drafts draft ids (host memory; uploaded with the call's metadata).
     pub draft_token_ids: &'a [i32],
-    /// Σ (num_drafts + 1) rows × V f32 target logits, starting at the given byte offset.
+    /// Σ (num_drafts + 1) rows × V target logits (f32, f16 or bf16: [`GpuRows::dtype`]),
+    /// starting at the given byte offset.
     pub target_logits: GpuRows<'a>,
     /// The draft distribution.
     pub draft: GpuDraft<'a>,
@@ -250,7 +251,7 @@ impl Verifier {
         Plan::new(shape, self.opts.fault, || rng.next_u64())
     }
 
-    fn host_plan<'b>(&self, batch: &VerifyBatch<'b>) -> Result<(Plan, Option<&'b [f32]>), Error> {
+    fn host_plan<'b>(&self, batch: &VerifyBatch<'b>) -> Result<(Plan, Option<Logits<'b>>), Error> {
         let (kind, draft) = batch.draft.split();
         let plan = self.plan(&Shape {
             vocab: batch.vocab_size,
@@ -278,7 +279,8 @@ impl Verifier {
         let (plan, draft) = self.host_plan(batch)?;
         match &self.backend {
             Backend::Cpu(shape) => {
-                Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape)))
+                let (t, d) = (batch.target_logits.to_f32(), draft.map(|d| d.to_f32()));
+                Ok(plan.decode_output(&cpu::run(&plan, &t, d.as_deref(), *shape)))
             }
             Backend::Gpu(g) => {
                 if plan.num_requests() == 0 {
@@ -308,7 +310,10 @@ impl Verifier {
             return Ok(Vec::new());
         }
         match &self.backend {
-            Backend::Cpu(_) => Ok(cpu::cutoffs(&plan, batch.target_logits, draft)),
+            Backend::Cpu(_) => {
+                let (t, d) = (batch.target_logits.to_f32(), draft.map(|d| d.to_f32()));
+                Ok(cpu::cutoffs(&plan, &t, d.as_deref()))
+            }
             Backend::Gpu(g) => {
                 let mut ws = g.take_workspace();
                 let result = (|| {
@@ -329,7 +334,8 @@ impl Verifier {
         let (plan, draft) = self.host_plan(batch)?;
         match &self.backend {
             Backend::Cpu(shape) => {
-                Ok(plan.decode_output(&cpu::run(&plan, batch.target_logits, draft, *shape)))
+                let (t, d) = (batch.target_logits.to_f32(), draft.map(|d| d.to_f32()));
+                Ok(plan.decode_output(&cpu::run(&plan, &t, d.as_deref(), *shape)))
             }
             Backend::Gpu(g) => {
                 if plan.num_requests() == 0 {

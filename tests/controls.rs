@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use specdec::{Draft, Error, Request, SamplingParams, Verifier, VerifyBatch};
+use specdec::{Draft, Error, Logits, Request, SamplingParams, Verifier, VerifyBatch};
 
 /// A random control setting (each of the three on or off, and their combinations).
 fn random_controls(g: &mut Gen, v: usize) -> Controls {
@@ -374,7 +374,7 @@ fn out_of_range_controls_are_refused() {
                 vocab_size: 4,
                 requests: &requests,
                 draft_token_ids: &[],
-                target_logits: &logits,
+                target_logits: Logits::F32(&logits),
                 draft: Draft::OneHot,
                 draft_vocab_size: None,
                 synthetic_rates: None,

@@ -4,8 +4,8 @@
 mod common;
 use common::*;
 use specdec::{
-    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Rule, Verifier, VerifierOptions, VerifyBatch,
-    MAX_DRAFTS_PER_REQUEST,
+    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Rule, Verifier, VerifierOptions,
+    VerifyBatch, MAX_DRAFTS_PER_REQUEST,
 };
 
 /// 3 requests (2, 0 and 1 drafts: 6 target rows, 3 draft rows) over a 16-token vocabulary.
@@ -395,7 +395,7 @@ fn empty_batch_is_valid() {
                 vocab_size: 10,
                 requests: &[],
                 draft_token_ids: &[],
-                target_logits: &[],
+                target_logits: Logits::F32(&[]),
                 draft: Draft::OneHot,
                 draft_vocab_size: None,
                 synthetic_rates: None,
@@ -459,7 +459,7 @@ fn gpu_buffer_errors_are_caught_before_recording() {
         let mut enc = device.create_command_encoder(&Default::default());
         v.record(&mut enc, &gb).map(|_| ())
     };
-    let rows = |buffer, offset| GpuRows { buffer, offset };
+    let rows = |buffer, offset| GpuRows::f32(buffer, offset);
     let mut cases = 0;
     // Target too small (6 rows × 16 × 4 = 384 bytes).
     assert!(matches!(

@@ -254,9 +254,15 @@ fn non_finite_rows_give_a_status_and_an_in_range_token() {
             &[2, 0],
             "greedy accepts, then the all -inf bonus row gives index 0"
         );
-        assert!(out.status[1].contains(Status::TARGET_NONFINITE));
+        assert_eq!(
+            out.status[1],
+            Status::ALL_MASKED,
+            "all -inf is masking, not NaN"
+        );
         assert_eq!(out.emitted(2), &[6], "+inf wins");
+        assert!(out.status[2].contains(Status::TARGET_NONFINITE));
         assert_eq!(out.emitted(3), &[0]);
+        assert_eq!(out.status[3], Status::ALL_MASKED);
         assert!(out.status[4].is_ok(), "a healthy neighbour is unaffected");
         assert_eq!(out.emitted(4), &[2]);
     });

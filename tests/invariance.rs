@@ -188,7 +188,7 @@ fn gpu_resident_path_reads_callers_buffers_at_an_offset() {
         };
         let t = make(&b.target, 28);
         let d = make(if b.draft.is_empty() { &[0.0] } else { &b.draft }, 1028);
-        let rows = |buffer, offset| GpuRows { buffer, offset };
+        let rows = |buffer, offset| GpuRows::f32(buffer, offset);
         let batch = GpuVerifyBatch {
             vocab_size: b.vocab,
             requests: &b.requests,

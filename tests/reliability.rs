@@ -30,7 +30,9 @@ fn check_invariants(b: &Owned, out: &VerifyOutput) -> Result<(), String> {
                 ));
             }
             let l = b.target[(row + i) * v + t as usize];
-            let flagged = out.status[r].contains(Status::TARGET_NONFINITE) && i + 1 == n;
+            let flagged = (out.status[r].contains(Status::TARGET_NONFINITE)
+                || out.status[r].contains(Status::ALL_MASKED))
+                && i + 1 == n;
             if !flagged && (l.is_nan() || l == f32::NEG_INFINITY) {
                 return Err(format!(
                     "request {r}: token {t} at position {i} has target probability 0 (logit {l})"

@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use specdec::stats::{binomial_z, chi_square_gof, GofOutcome};
-use specdec::{Fault, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use specdec::{Fault, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
 
 /// Significance of every χ² test: a correct sampler fails one with probability 1e-6.
 const ALPHA: f64 = 1e-6;
@@ -30,32 +30,49 @@ struct Problem {
     draft: Vec<Vec<f32>>,
     /// For OneHot: the fixed drafted tokens.
     fixed: Vec<i32>,
+    /// Top-k / top-p / min-p of every request (applied to the target rows and draft logits).
+    controls: Controls,
 }
 
 impl Problem {
-    fn new(mode: Mode, k: usize, temperature: f32, seed: u64) -> Problem {
+    fn new(mode: Mode, k: usize, temperature: f32, controls: Controls, seed: u64) -> Problem {
         let vocab = 6;
         let mut g = Gen::new(seed);
-        let target: Vec<Vec<f32>> = (0..=k).map(|_| g.logits(vocab, 1.2)).collect();
+        // Logits drawn at scale 1.5·T: every temperature then sees a comparably spread p (the
+        // kernels still divide by T), so the controls cut something at each of them.
+        let scale = 1.5 * f64::from(temperature).max(0.1);
+        let target: Vec<Vec<f32>> = (0..=k).map(|_| g.logits(vocab, scale)).collect();
+        // Draft logits near the target's (a draft model that mostly agrees), so acceptances and
+        // rejections both happen at every temperature.
         let draft: Vec<Vec<f32>> = (0..k)
-            .map(|_| {
-                let l = g.logits(vocab, 1.2);
+            .map(|i| {
+                let l: Vec<f32> = target[i]
+                    .iter()
+                    .map(|&x| x + (0.5 * scale * g.normal()) as f32)
+                    .collect();
                 if mode == Mode::Probs {
-                    softmax(&l, 1.0).iter().map(|&x| x as f32).collect()
+                    processed(&l, f64::from(temperature), controls)
+                        .iter()
+                        .map(|&x| x as f32)
+                        .collect()
                 } else {
                     l
                 }
             })
             .collect();
-        // One-hot drafts: the second most likely token of each row, so rejections are common.
+        // One-hot drafts: the second most likely token at row 0 when it is not rare (rejections
+        // are common), else the most likely; the most likely one after it (so every draft is
+        // accepted often enough to see the bonus).
         let fixed = target
             .iter()
             .take(k)
-            .map(|row| {
-                let p = softmax(row, temperature as f64);
+            .enumerate()
+            .map(|(i, row)| {
+                let p = processed(row, temperature as f64, controls);
                 let mut idx: Vec<usize> = (0..vocab).collect();
                 idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
-                idx[1] as i32
+                let second = i == 0 && p[idx[1]] >= 0.1;
+                idx[usize::from(second)] as i32
             })
             .collect();
         Problem {
@@ -66,11 +83,12 @@ impl Problem {
             target,
             draft,
             fixed,
+            controls,
         }
     }
-    /// Target distribution p_i (f64).
+    /// Target distribution p_i (f64), after the controls (sort-based reference).
     fn p(&self, i: usize) -> Vec<f64> {
-        softmax(&self.target[i], self.temperature as f64)
+        processed(&self.target[i], self.temperature as f64, self.controls)
     }
     /// Draft distribution q_i (f64).
     fn q(&self, i: usize) -> Vec<f64> {
@@ -86,7 +104,7 @@ impl Problem {
                 q
             }
             Mode::Logits => {
-                let mut q = softmax(&self.draft[i], self.temperature as f64);
+                let mut q = processed(&self.draft[i], self.temperature as f64, self.controls);
                 q.resize(self.vocab, 0.0);
                 q
             }
@@ -118,7 +136,9 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
         for _ in 0..r {
             requests.push(Request {
                 num_drafts: pb.k as u32,
-                params: SamplingParams::seeded(pb.temperature, g.u64()),
+                params: pb
+                    .controls
+                    .apply(SamplingParams::seeded(pb.temperature, g.u64())),
                 position: g.u64() % 1_000_000,
             });
             for (i, q) in qs.iter().enumerate() {
@@ -139,11 +159,11 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
             vocab_size: pb.vocab as u32,
             requests: &requests,
             draft_token_ids: &drafts,
-            target_logits: &target,
+            target_logits: Logits::F32(&target),
             draft: match pb.mode {
                 Mode::OneHot => specdec::Draft::OneHot,
-                Mode::Probs => specdec::Draft::Probs(&draft),
-                Mode::Logits => specdec::Draft::Logits(&draft),
+                Mode::Probs => specdec::Draft::Probs(Logits::F32(&draft)),
+                Mode::Logits => specdec::Draft::Logits(Logits::F32(&draft)),
             },
             draft_vocab_size: pb
                 .draft
@@ -246,13 +266,20 @@ fn with_fault(base: Option<&Verifier>, fault: Fault) -> Option<Verifier> {
 }
 
 /// The full battery for one mode on one backend (`gpu = None` means the CPU backend).
-fn battery(mode: Mode, temperature: f32, gpu: Option<&Verifier>, n: usize, seed: u64) {
-    let pb = Problem::new(mode, 2, temperature, seed);
+fn battery(
+    mode: Mode,
+    temperature: f32,
+    controls: Controls,
+    gpu: Option<&Verifier>,
+    n: usize,
+    seed: u64,
+) {
+    let pb = Problem::new(mode, 2, temperature, controls, seed);
     let cpu_v = cpu();
     let v = gpu.unwrap_or(&cpu_v);
     let good = check(&pb, &run(v, &pb, n, seed ^ 1));
     println!(
-        "{mode:?} T={temperature} on {}: β0={:.4}\n  halves {}\n  acceptance z = {:.2}\n  lengths {}\n  bonus {}",
+        "{mode:?} T={temperature} {controls:?} on {}: β0={:.4}\n  halves {}\n  acceptance z = {:.2}\n  lengths {}\n  bonus {}",
         v.describe(),
         pb.beta(0),
         good.halves,
@@ -291,6 +318,39 @@ fn battery(mode: Mode, temperature: f32, gpu: Option<&Verifier>, n: usize, seed:
         "the length test must reject an always-reject sampler"
     );
     assert!(!bad.all_pass());
+
+    // Negative control 3 (controls only): a sampler that ignores the controls, checked against
+    // the processed distributions, must fail. The control must matter on this problem.
+    if controls != Controls::OFF {
+        let plain = softmax(&pb.target[0], f64::from(temperature));
+        let tv: f64 = 0.5
+            * pb.p(0)
+                .iter()
+                .zip(&plain)
+                .map(|(a, b)| (a - b).abs())
+                .sum::<f64>();
+        // n·TV draws land on cut tokens under the wrong sampler: each one fails the test.
+        assert!(
+            tv * n as f64 > 50.0,
+            "{controls:?} barely changes p at T={temperature} (TV {tv:.5})"
+        );
+        let unfiltered = Problem {
+            controls: Controls::OFF,
+            target: pb.target.clone(),
+            draft: pb.draft.clone(),
+            fixed: pb.fixed.clone(),
+            ..pb
+        };
+        let ignored = check(&pb, &run(v, &unfiltered, n, seed ^ 6));
+        println!(
+            "  control ignores-controls: halves {} | lengths {}",
+            ignored.halves, ignored.lengths
+        );
+        assert!(
+            !ignored.all_pass(),
+            "the battery must reject a sampler that ignores {controls:?}"
+        );
+    }
 }
 
 /// Negative control 2: residual noise shared with the accept draw. The problem is built so the
@@ -308,6 +368,7 @@ fn shared_noise_control(gpu: Option<&Verifier>, n: usize, seed: u64) {
         target: vec![ln_p.clone(), ln_p],
         draft: vec![q.to_vec()],
         fixed: vec![0],
+        controls: Controls::OFF,
     };
     let good = check(&pb, &run(&cpu(), &pb, n, seed ^ 4));
     assert!(
@@ -334,39 +395,39 @@ const N_GPU: usize = 40_000;
 
 #[test]
 fn one_hot_cpu() {
-    battery(Mode::OneHot, 1.0, None, N_CPU, 11);
-    battery(Mode::OneHot, 0.5, None, N_CPU, 12);
+    battery(Mode::OneHot, 1.0, Controls::OFF, None, N_CPU, 11);
+    battery(Mode::OneHot, 0.5, Controls::OFF, None, N_CPU, 12);
 }
 
 #[test]
 fn draft_probs_cpu() {
-    battery(Mode::Probs, 1.0, None, N_CPU, 21);
+    battery(Mode::Probs, 1.0, Controls::OFF, None, N_CPU, 21);
     shared_noise_control(None, N_CPU, 22);
 }
 
 #[test]
 fn draft_logits_cpu() {
-    battery(Mode::Logits, 1.0, None, N_CPU, 31);
-    battery(Mode::Logits, 2.0, None, N_CPU, 32);
+    battery(Mode::Logits, 1.0, Controls::OFF, None, N_CPU, 31);
+    battery(Mode::Logits, 2.0, Controls::OFF, None, N_CPU, 32);
 }
 
 #[test]
 fn one_hot_gpu() {
     let Some(g) = gpu() else { return };
-    battery(Mode::OneHot, 1.0, Some(g), N_GPU, 41);
+    battery(Mode::OneHot, 1.0, Controls::OFF, Some(g), N_GPU, 41);
 }
 
 #[test]
 fn draft_probs_gpu() {
     let Some(g) = gpu() else { return };
-    battery(Mode::Probs, 1.0, Some(g), N_GPU, 51);
+    battery(Mode::Probs, 1.0, Controls::OFF, Some(g), N_GPU, 51);
     shared_noise_control(Some(g), N_GPU, 52);
 }
 
 #[test]
 fn draft_logits_gpu() {
     let Some(g) = gpu() else { return };
-    battery(Mode::Logits, 0.7, Some(g), N_GPU, 61);
+    battery(Mode::Logits, 0.7, Controls::OFF, Some(g), N_GPU, 61);
 }
 
 /// A draft vocabulary smaller than the target's (V = 8, V_draft = 6): tokens 6 and 7 have q = 0,
@@ -392,6 +453,7 @@ fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
         target,
         draft,
         fixed: vec![0, 0],
+        controls: Controls::OFF,
     };
     let cpu_v = cpu();
     let v = gpu.unwrap_or(&cpu_v);
@@ -420,4 +482,56 @@ fn smaller_draft_vocabulary_gpu() {
     let Some(g) = gpu() else { return };
     padded_vocab(Some(g), Mode::Probs, 73);
     padded_vocab(Some(g), Mode::Logits, 74);
+}
+
+/// The three controls the grids use on V = 6 rows: each cuts something at every temperature.
+const TOP_K: Controls = Controls {
+    top_k: 2,
+    top_p: 1.0,
+    min_p: 0.0,
+};
+const TOP_P: Controls = Controls {
+    top_k: 0,
+    top_p: 0.6,
+    min_p: 0.0,
+};
+const MIN_P: Controls = Controls {
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.3,
+};
+
+/// Every rule × {plain, top-k, top-p, min-p} × T ∈ {0.3, 1, 2} on the CPU twin: both halves,
+/// acceptance, lengths and bonus, with the reject-all and ignores-the-controls negative controls.
+fn controls_grid(mode: Mode, seed: u64) {
+    for (i, c) in [Controls::OFF, TOP_K, TOP_P, MIN_P].into_iter().enumerate() {
+        for (j, t) in [0.3f32, 1.0, 2.0].into_iter().enumerate() {
+            battery(mode, t, c, None, N_CPU, seed + 10 * i as u64 + j as u64);
+        }
+    }
+}
+
+#[test]
+fn controls_grid_one_hot_cpu() {
+    controls_grid(Mode::OneHot, 1000);
+}
+
+#[test]
+fn controls_grid_draft_probs_cpu() {
+    controls_grid(Mode::Probs, 2000);
+}
+
+#[test]
+fn controls_grid_draft_logits_cpu() {
+    controls_grid(Mode::Logits, 3000);
+}
+
+/// On the GPU each control once per draft kind, across the temperatures (lavapipe runs these
+/// slowly; the full grid runs on the twin, which the GPU matches bit for bit elsewhere).
+#[test]
+fn controls_gpu() {
+    let Some(g) = gpu() else { return };
+    battery(Mode::OneHot, 0.3, TOP_K, Some(g), N_GPU / 2, 4001);
+    battery(Mode::Probs, 1.0, TOP_P, Some(g), N_GPU / 2, 4002);
+    battery(Mode::Logits, 2.0, MIN_P, Some(g), N_GPU / 2, 4003);
 }

@@ -125,7 +125,11 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
     };
     let mut final_token = -1i32;
     if row_nonfinite(st) {
-        status |= STATUS_TARGET_NONFINITE;
+        status |= if st.flags & (ROW_T_NAN | ROW_T_POSINF) != 0 {
+            STATUS_TARGET_NONFINITE
+        } else {
+            STATUS_ALL_MASKED
+        };
         final_token = st.t_arg as i32;
     } else if stop < k {
         let d = draft(stop);
@@ -162,3 +166,4 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
 pub(crate) const STATUS_TARGET_NONFINITE: u32 = 1;
 pub(crate) const STATUS_DRAFT_NONFINITE: u32 = 2;
 pub(crate) const STATUS_EMPTY_RESIDUAL: u32 = 4;
+pub(crate) const STATUS_ALL_MASKED: u32 = 8;

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use rand_pcg::rand_core::{Rng, SeedableRng};
-use specdec::{Draft, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use specdec::{Draft, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
 use std::sync::OnceLock;
 
 /// The GPU verifier shared by a test binary. No adapter is a test failure, unless
@@ -125,11 +125,11 @@ impl Owned {
             vocab_size: self.vocab,
             requests: &self.requests,
             draft_token_ids: &self.drafts,
-            target_logits: &self.target,
+            target_logits: Logits::F32(&self.target),
             draft: match self.draft_kind {
                 0 => Draft::OneHot,
-                1 => Draft::Probs(&self.draft),
-                _ => Draft::Logits(&self.draft),
+                1 => Draft::Probs(Logits::F32(&self.draft)),
+                _ => Draft::Logits(Logits::F32(&self.draft)),
             },
             draft_vocab_size: self.draft_vocab,
             synthetic_rates: self.rates.as_deref(),

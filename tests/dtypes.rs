@@ -1,0 +1,261 @@
+//! f16 and bf16 logits (issue 3): the exact widening on the host, and the same tokens as the f32
+//! copy of the same values on both backends — target and draft independently, host slices and
+//! GPU buffers at odd element offsets, with and without top-k / top-p / min-p.
+
+mod common;
+use common::*;
+use specdec::{
+    bf16_to_f32, f16_to_f32, Draft, Dtype, GpuDraft, GpuRows, GpuVerifyBatch, Logits, VerifyBatch,
+};
+
+#[test]
+fn f16_widening_is_exact() {
+    let cases: [(u16, f32); 10] = [
+        (0x0000, 0.0),
+        (0x3c00, 1.0),
+        (0xc000, -2.0),
+        (0x7bff, 65504.0),
+        (0x0001, 5.960_464_5e-8), // smallest subnormal, 2^-24
+        (0x03ff, 6.097_555e-5),   // largest subnormal, 1023 · 2^-24
+        (0x0400, 6.103_515_6e-5), // smallest normal, 2^-14
+        (0x3555, 0.333_251_95),
+        (0x7c00, f32::INFINITY),
+        (0xfc00, f32::NEG_INFINITY),
+    ];
+    for (bits, want) in cases {
+        assert_eq!(f16_to_f32(bits), want, "{bits:#06x}");
+    }
+    assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+    assert!(f16_to_f32(0x7e00).is_nan() && f16_to_f32(0xfc01).is_nan());
+    // Every finite f16 round-trips through f32 exactly (no two widen to the same f32).
+    let mut seen = std::collections::HashSet::new();
+    for bits in 0..=u16::MAX {
+        let x = f16_to_f32(bits);
+        if x.is_finite() && bits != 0x8000 {
+            assert!(seen.insert(x.to_bits()), "{bits:#06x} collides");
+        }
+    }
+    assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    assert_eq!(bf16_to_f32(0xc2f7), -123.5);
+    assert_eq!(bf16_to_f32(0x7f80), f32::INFINITY);
+}
+
+/// Half-precision values of moderate size (exponents 2^-6 .. 2^3), as raw bits and widened.
+fn halves(g: &mut Gen, n: usize, dtype: Dtype) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = (0..n)
+        .map(|_| {
+            let sign = (g.below(2) as u16) << 15;
+            match dtype {
+                Dtype::F16 => sign | ((9 + g.below(9) as u16) << 10) | g.below(1024) as u16,
+                _ => sign | ((121 + g.below(9) as u16) << 7) | g.below(128) as u16,
+            }
+        })
+        .collect();
+    let wide = bits
+        .iter()
+        .map(|&h| match dtype {
+            Dtype::F16 => f16_to_f32(h),
+            _ => bf16_to_f32(h),
+        })
+        .collect();
+    (bits, wide)
+}
+
+/// f16 bits of a value in [0, 65504], mantissa truncated (subnormals included).
+fn f16_truncated(x: f32) -> u16 {
+    let b = x.to_bits();
+    let e = ((b >> 23) & 0xff) as i32 - 127;
+    if e < -14 {
+        (x * 16_777_216.0) as u16 // m · 2^-24
+    } else {
+        (((e + 15) as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+    }
+}
+
+fn logits(dtype: Dtype, bits: &[u16], wide: &[f32]) -> Logits<'static> {
+    // The tests keep their vectors alive for the whole call; leaking them keeps this helper small.
+    match dtype {
+        Dtype::F32 => Logits::F32(Box::leak(wide.to_vec().into_boxed_slice())),
+        Dtype::F16 => Logits::F16(Box::leak(bits.to_vec().into_boxed_slice())),
+        Dtype::Bf16 => Logits::Bf16(Box::leak(bits.to_vec().into_boxed_slice())),
+    }
+}
+
+/// A mixed batch (greedy, plain and filtered requests) whose target and draft rows come in
+/// `t_dtype` / `d_dtype`; returns it with the same batch in f32.
+fn pair(
+    seed: u64,
+    t_dtype: Dtype,
+    d_dtype: Dtype,
+    kind: u8,
+) -> (Owned, Logits<'static>, Logits<'static>) {
+    let mut g = Gen::new(seed);
+    let vocab = 37;
+    let mut o = Owned::random(
+        &mut g,
+        vocab,
+        &[3, 0, 2, 4, 1, 3],
+        &[0.0, 1.0, 0.7, 2.0],
+        kind,
+        0.5,
+    );
+    for (i, r) in o.requests.iter_mut().enumerate() {
+        if i % 3 == 2 {
+            r.params = r.params.with_top_k(5).with_top_p(0.9).with_min_p(0.02);
+        }
+    }
+    let (tb, tw) = halves(&mut g, o.target.len(), t_dtype);
+    o.target = tw.clone();
+    let t = logits(t_dtype, &tb, &tw);
+    let d = if kind == 2 {
+        let (db, dw) = halves(&mut g, o.draft.len(), d_dtype);
+        o.draft = dw.clone();
+        logits(d_dtype, &db, &dw)
+    } else if kind == 1 {
+        // Probabilities in half precision: truncate them, then use the widened values.
+        let bits: Vec<u16> = o
+            .draft
+            .iter()
+            .map(|&p| match d_dtype {
+                Dtype::F16 => f16_truncated(p),
+                _ => (p.to_bits() >> 16) as u16,
+            })
+            .collect();
+        let wide: Vec<f32> = bits
+            .iter()
+            .map(|&h| {
+                if d_dtype == Dtype::F16 {
+                    f16_to_f32(h)
+                } else {
+                    bf16_to_f32(h)
+                }
+            })
+            .collect();
+        o.draft = wide.clone();
+        logits(d_dtype, &bits, &wide)
+    } else {
+        Logits::F32(&[])
+    };
+    (o, t, d)
+}
+
+fn with_rows<'a>(o: &'a Owned, t: Logits<'a>, d: Logits<'a>) -> VerifyBatch<'a> {
+    let mut b = o.batch();
+    b.target_logits = t;
+    b.draft = match o.draft_kind {
+        0 => Draft::OneHot,
+        1 => Draft::Probs(d),
+        _ => Draft::Logits(d),
+    };
+    b
+}
+
+#[test]
+fn half_rows_give_the_tokens_of_their_f32_copy() {
+    let dtypes = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+    each_backend(|v| {
+        let mut n = 0;
+        for (i, &t_dtype) in dtypes.iter().enumerate() {
+            for (j, &d_dtype) in dtypes.iter().enumerate() {
+                for kind in 0..3u8 {
+                    let (o, t, d) = pair(
+                        10 * i as u64 + j as u64 + 100 * kind as u64,
+                        t_dtype,
+                        d_dtype,
+                        kind,
+                    );
+                    let want = v.verify_blocking(&o.batch()).unwrap();
+                    let got = v.verify_blocking(&with_rows(&o, t, d)).unwrap();
+                    assert_eq!(
+                        got,
+                        want,
+                        "{}: target {t_dtype:?}, draft {d_dtype:?}, kind {kind}",
+                        v.describe()
+                    );
+                    n += 1;
+                }
+            }
+        }
+        println!(
+            "{}: {n} dtype combinations match their f32 copies",
+            v.describe()
+        );
+    });
+}
+
+/// Half rows read in place from GPU buffers, starting at odd element offsets (2 bytes past a
+/// word boundary), give the tokens of the host f32 copy.
+#[test]
+fn half_rows_in_gpu_buffers_at_odd_offsets() {
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().unwrap();
+    for (dtype, kind) in [(Dtype::F16, 2u8), (Dtype::Bf16, 0), (Dtype::F16, 1)] {
+        let (o, t, d) = pair(77 + kind as u64, dtype, dtype, kind);
+        let want = cpu().verify_blocking(&o.batch()).unwrap();
+        let make = |rows: Logits<'_>, offset: u64| {
+            let bytes: Vec<u8> = match rows {
+                Logits::F32(x) => bytemuck::cast_slice(x).to_vec(),
+                Logits::F16(x) | Logits::Bf16(x) => bytemuck::cast_slice(x).to_vec(),
+            };
+            let mut padded = vec![0u8; offset as usize];
+            padded.extend(bytes);
+            padded.resize(padded.len().next_multiple_of(4) + 4, 0);
+            let buf = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("test.half_rows"),
+                size: padded.len() as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            queue.write_buffer(&buf, 0, &padded);
+            (buf, rows.dtype())
+        };
+        let (tb, tt) = make(t, 258);
+        let (db, dt) = make(if d.is_empty() { Logits::F32(&[0.0]) } else { d }, 6);
+        let batch = GpuVerifyBatch {
+            vocab_size: o.vocab,
+            requests: &o.requests,
+            draft_token_ids: &o.drafts,
+            target_logits: GpuRows::f32(&tb, 258).with_dtype(tt),
+            draft: match kind {
+                0 => GpuDraft::OneHot,
+                1 => GpuDraft::Probs(GpuRows::f32(&db, 6).with_dtype(dt)),
+                _ => GpuDraft::Logits(GpuRows::f32(&db, 6).with_dtype(dt)),
+            },
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        };
+        let mut encoder =
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let pending = v.record(&mut encoder, &batch).unwrap();
+        queue.submit([encoder.finish()]);
+        let got = v.read_blocking(pending).unwrap();
+        assert_eq!(got, want, "{dtype:?} kind {kind}");
+    }
+    // An f16 buffer offset that is not a multiple of 2 is refused before anything is recorded.
+    let (o, t, _) = pair(5, Dtype::F16, Dtype::F16, 0);
+    let Logits::F16(bits) = t else { unreachable!() };
+    let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test.misaligned"),
+        size: (bits.len() * 2 + 8) as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let mut encoder =
+        device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    let err = v
+        .record(
+            &mut encoder,
+            &GpuVerifyBatch {
+                vocab_size: o.vocab,
+                requests: &o.requests,
+                draft_token_ids: &o.drafts,
+                target_logits: GpuRows::f32(&buf, 1).with_dtype(Dtype::F16),
+                draft: GpuDraft::OneHot,
+                draft_vocab_size: None,
+                synthetic_rates: None,
+            },
+        )
+        .err()
+        .expect("odd byte offset refused");
+    assert!(err.to_string().contains("offset"), "{err}");
+}
