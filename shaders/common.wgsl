@@ -47,6 +47,9 @@ const PARAM_T_F16: u32 = 4u;
 const PARAM_T_BF16: u32 = 8u;
 const PARAM_D_F16: u32 = 16u;
 const PARAM_D_BF16: u32 = 32u;
+// Params::flags: the output has the logprob regions / row_stats sums the raw rows too.
+const PARAM_LOGPROBS: u32 = 64u;
+const PARAM_RAW: u32 = 128u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
@@ -78,7 +81,7 @@ struct ReqInfo {
     _pad2: u32,
 }
 
-// Row statistics, per (row, chunk) and, after the merge, per row (32 bytes).
+// Row statistics, per (row, chunk) and, after the merge, per row (48 bytes).
 //   t_max   max target logit (NaN treated as -inf)      t_sum  Σ exp((l - t_max) / T)
 //   t_arg   lowest index of t_max                       flags  ROW_* bits
 //   t_at_d  target logit at the drafted token (0 when the token is not in this chunk / no draft)
@@ -92,6 +95,10 @@ struct RowStats {
     q_max: f32,
     q_sum: f32,
     q_at_d: f32,
+    raw_max: f32,   // max / Σexp(l - max) of the raw row at T = 1, no cut-off (PARAM_RAW only):
+    raw_sum: f32,   // the denominators of raw logprobs
+    _pad0: u32,
+    _pad1: u32,
 }
 
 // What the residual pass must sample for a request (16 bytes).
@@ -102,12 +109,16 @@ struct Task {
     slot: u32,         // index in the token output where the sampled token goes
 }
 
-// Per-(request, block) candidate of the residual argmax (16 bytes).
+// Per-(request, block) candidate of the residual argmax (32 bytes).
 struct Candidate {
     r_key: f32,   // best r(y) / e(y) in the block (0 when the residual is empty there)
     r_idx: u32,
     p_key: f32,   // best p(y) / e(y): the fallback when the whole residual is empty
     p_idx: u32,
+    r_logit: f32, // the logits of the two winners, for their logprobs
+    p_logit: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 const DRAFT_NONE: u32 = 0u;
@@ -117,6 +128,8 @@ const DRAFT_LOGITS: u32 = 2u;
 const REQ_GREEDY: u32 = 1u;
 const REQ_SYNTHETIC: u32 = 2u;
 const REQ_FILTER: u32 = 4u;
+const REQ_LOGPROBS: u32 = 8u;
+const REQ_RAW_LOGPROBS: u32 = 16u;
 // Deliberate faults, only for negative controls of the statistical tests (never set by users).
 const REQ_FAULT_REJECT_ALL: u32 = 256u;
 const REQ_FAULT_SHARED_NOISE: u32 = 512u;
@@ -187,6 +200,24 @@ fn widen(word: u32, i: u32, half_bits: u32) -> f32 {
         return bitcast<f32>(h << 16u);
     }
     return f16_to_f32(h);
+}
+
+// The (processed, raw) logprobs of a token with logit `l` at a row with statistics `st`, NaN
+// where the request did not ask (twin: logprobs_of in src/cpu/verify.rs).
+fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
+    let nan = bitcast<f32>(0x7fc00000u);
+    var lp = vec2<f32>(nan, nan);
+    if ((info.flags & REQ_LOGPROBS) != 0u) {
+        if ((info.flags & REQ_GREEDY) != 0u) {
+            lp.x = 0.0; // a point mass at the argmax
+        } else {
+            lp.x = (l - st.t_max) * info.inv_temperature - log(st.t_sum);
+        }
+    }
+    if ((info.flags & REQ_RAW_LOGPROBS) != 0u) {
+        lp.y = (l - st.raw_max) - log(st.raw_sum);
+    }
+    return lp;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@
 // additions, so the cut-off does not depend on the batch, the workgroup size or the device
 // (beyond the few-ulp freedom of exp), and the twin reproduces it.
 //
-// Dispatch: x = 1, y = target row within the window; one workgroup of WG lanes per row. The same
+// Dispatch: x = 1, y = target row within the window; one workgroup of CUTOFF_LANES lanes per
+// row (64: the passes are short and barrier-bound, wider groups only add idle lanes). The same
 // workgroup then does the row's draft row when the draft is given as logits.
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -40,6 +41,7 @@ fn d_elem(i: u32) -> f32 {
 }
 
 const BINS: u32 = 256u;
+const CUTOFF_LANES: u32 = 64u;
 // Smallest key of a finite value (-f32::MAX); -inf maps just below it.
 const KEY_MIN_FINITE: u32 = 0x00800000u;
 // Key of +inf.
@@ -100,14 +102,14 @@ fn radix_select(which: u32, base: u32, len: u32, lane: u32, kbase: u32, mass_mod
                 need_in: u32, top_p: f32, m: f32, inv_t: f32) -> u32 {
     var prefix = 0u;
     for (var round = 0u; round < 4u; round += 1u) {
-        for (var b = lane; b < BINS; b += WG) {
+        for (var b = lane; b < BINS; b += CUTOFF_LANES) {
             atomicStore(&h_count[b], 0u);
             atomicStore(&h_lo[b], 0u);
             atomicStore(&h_hi[b], 0u);
         }
         workgroupBarrier();
         let shift = 24u - 8u * round;
-        for (var y = lane; y < len; y += WG) {
+        for (var y = lane; y < len; y += CUTOFF_LANES) {
             let x = load(which, base, y);
             if (is_nan(x)) {
                 continue;
@@ -217,7 +219,7 @@ fn row_cutoff(which: u32, base: u32, len: u32, lane: u32, info: ReqInfo) -> f32 
     }
     workgroupBarrier();
     var local_max = 0u;
-    for (var y = lane; y < len; y += WG) {
+    for (var y = lane; y < len; y += CUTOFF_LANES) {
         let x = load(which, base, y);
         if (!is_nan(x)) {
             local_max = max(local_max, key_of(x));
@@ -242,7 +244,7 @@ fn row_cutoff(which: u32, base: u32, len: u32, lane: u32, info: ReqInfo) -> f32 
         }
         workgroupBarrier();
         var local_min = 0xffffffffu;
-        for (var y = lane; y < len; y += WG) {
+        for (var y = lane; y < len; y += CUTOFF_LANES) {
             let x = load(which, base, y);
             if (!is_nan(x) && !is_neg_inf(x) && (x - m) * inv_t >= info.log_min_p) {
                 local_min = min(local_min, key_of(x));
@@ -267,7 +269,7 @@ fn row_cutoff(which: u32, base: u32, len: u32, lane: u32, info: ReqInfo) -> f32 
     return value_of(kbase);
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let local_row = wid.y;
     let row = params.row_begin + local_row;

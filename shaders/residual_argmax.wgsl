@@ -39,6 +39,8 @@ var<workgroup> sh_rk: array<f32, MAX_WG>;
 var<workgroup> sh_ri: array<u32, MAX_WG>;
 var<workgroup> sh_pk: array<f32, MAX_WG>;
 var<workgroup> sh_pi: array<u32, MAX_WG>;
+var<workgroup> sh_rl: array<f32, MAX_WG>;
+var<workgroup> sh_pl: array<f32, MAX_WG>;
 
 // Larger key wins; equal keys go to the lower index.
 fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
@@ -130,10 +132,12 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32)
         if (r_may && better(rk, y, best.r_key, best.r_idx)) {
             best.r_key = rk;
             best.r_idx = y;
+            best.r_logit = l;
         }
         if (p_may && better(pk, y, best.p_key, best.p_idx)) {
             best.p_key = pk;
             best.p_idx = y;
+            best.p_logit = l;
         }
     }
     return best;
@@ -170,7 +174,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     let pos = row_position(info, task.local_row);
 
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
     var cut = bitcast<f32>(NEG_INF_BITS);
     var dcut = cut;
     if ((params.flags & PARAM_CUTOFF) != 0u && in_window) {
@@ -202,6 +206,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     sh_ri[lane] = best_ri;
     sh_pk[lane] = best_pk;
     sh_pi[lane] = best_pi;
+    sh_rl[lane] = best.r_logit;
+    sh_pl[lane] = best.p_logit;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
@@ -209,16 +215,18 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             if (better(sh_rk[o], sh_ri[o], sh_rk[lane], sh_ri[lane])) {
                 sh_rk[lane] = sh_rk[o];
                 sh_ri[lane] = sh_ri[o];
+                sh_rl[lane] = sh_rl[o];
             }
             if (better(sh_pk[o], sh_pi[o], sh_pk[lane], sh_pi[lane])) {
                 sh_pk[lane] = sh_pk[o];
                 sh_pi[lane] = sh_pi[o];
+                sh_pl[lane] = sh_pl[o];
             }
         }
         workgroupBarrier();
     }
     if (lane == 0u && in_window) {
-        candidates[r * params.num_blocks + block_id] = Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0]);
+        candidates[r * params.num_blocks + block_id] = Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0], sh_rl[0], sh_pl[0], 0u, 0u);
     }
 }
 
@@ -226,6 +234,19 @@ var<workgroup> mk_r: array<f32, 64>;
 var<workgroup> mi_r: array<u32, 64>;
 var<workgroup> mk_p: array<f32, 64>;
 var<workgroup> mi_p: array<u32, 64>;
+var<workgroup> ml_r: array<f32, 64>;
+var<workgroup> ml_p: array<f32, 64>;
+
+// Writes the logprobs of output slot `slot` when the output has the logprob regions (as in
+// verify.wgsl).
+fn put_logprobs(slot: u32, lp: vec2<f32>) {
+    if ((params.flags & PARAM_LOGPROBS) == 0u) {
+        return;
+    }
+    let base = params.num_requests * params.out_stride + 2u * params.num_requests;
+    out_words[base + slot] = bitcast<u32>(lp.x);
+    out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
+}
 
 // One workgroup of 64 per request: the lanes load the block candidates in parallel, then fold as
 // a tree (the argmax with lowest-index ties does not depend on the order).
@@ -233,17 +254,19 @@ var<workgroup> mi_p: array<u32, 64>;
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
     let task = tasks[r];
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX);
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
     if (task.kind != TASK_NONE) {
         for (var b = lane; b < params.num_blocks; b += 64u) {
             let c = candidates[r * params.num_blocks + b];
             if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
                 best.r_key = c.r_key;
                 best.r_idx = c.r_idx;
+                best.r_logit = c.r_logit;
             }
             if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
                 best.p_key = c.p_key;
                 best.p_idx = c.p_idx;
+                best.p_logit = c.p_logit;
             }
         }
     }
@@ -251,6 +274,8 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     mi_r[lane] = best.r_idx;
     mk_p[lane] = best.p_key;
     mi_p[lane] = best.p_idx;
+    ml_r[lane] = best.r_logit;
+    ml_p[lane] = best.p_logit;
     workgroupBarrier();
     for (var stride = 32u; stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
@@ -258,10 +283,12 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             if (better(mk_r[o], mi_r[o], mk_r[lane], mi_r[lane])) {
                 mk_r[lane] = mk_r[o];
                 mi_r[lane] = mi_r[o];
+                ml_r[lane] = ml_r[o];
             }
             if (better(mk_p[o], mi_p[o], mk_p[lane], mi_p[lane])) {
                 mk_p[lane] = mk_p[o];
                 mi_p[lane] = mi_p[o];
+                ml_p[lane] = ml_p[o];
             }
         }
         workgroupBarrier();
@@ -270,14 +297,20 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     var token = mi_r[0];
+    var logit = ml_r[0];
     if (token == NO_INDEX) {
         // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
         token = mi_p[0];
+        logit = ml_p[0];
         let status_idx = params.num_requests * params.out_stride + params.num_requests + r;
         out_words[status_idx] = out_words[status_idx] | STATUS_EMPTY_RESIDUAL;
     }
+    let info = requests[r];
+    let st = row_stats[info.row_offset + task.local_row];
     if (token == NO_INDEX) {
-        token = row_stats[requests[r].row_offset + task.local_row].t_arg;
+        token = st.t_arg;
+        logit = st.t_max;
     }
     out_words[task.slot] = token;
+    put_logprobs(task.slot, logprobs_of(info, st, logit));
 }

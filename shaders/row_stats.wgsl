@@ -52,6 +52,8 @@ var<workgroup> sh_a: array<u32, CHUNK_LANES>;
 var<workgroup> sh_f: array<u32, CHUNK_LANES>;
 var<workgroup> sh_qm: array<f32, CHUNK_LANES>;
 var<workgroup> sh_qs: array<f32, CHUNK_LANES>;
+var<workgroup> sh_wm: array<f32, CHUNK_LANES>;
+var<workgroup> sh_ws: array<f32, CHUNK_LANES>;
 
 fn acc_new() -> Acc {
     return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u);
@@ -201,6 +203,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     // Draft logits are reduced alongside the target row when the row scores a draft.
     let has_q_row = params.draft_kind == DRAFT_LOGITS && k_row < req.num_drafts && !greedy;
     let vec4_path = (params.flags & PARAM_VEC4) != 0u;
+    let raw = (params.flags & PARAM_RAW) != 0u;
     let t_base = params.t_elem_base + local_row * params.vocab;
     let d_row = info4.w;
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
@@ -223,6 +226,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         // read as -inf, and pushing -inf changes nothing: it is the same as skipping them.
         var t = acc_new();
         var q = acc_new();
+        // The raw row (no cut-off, T = 1) for raw logprobs, in the same order.
+        var w = acc_new();
         for (var h = 0u; h < CHUNK_STEPS; h += 8u) {
             let y0 = begin + 4u * (lane + CHUNK_LANES * h);
             let a0 = load_target(t_base, y0, vec4_path);
@@ -241,6 +246,16 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             t = push4(t, mask4(a5, cut), y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
             t = push4(t, mask4(a6, cut), y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
             t = push4(t, mask4(a7, cut), y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            if (raw) {
+                w = push4(w, a0, y0, 1.0, true, 0u, 0u);
+                w = push4(w, a1, y0 + 256u, 1.0, true, 0u, 0u);
+                w = push4(w, a2, y0 + 512u, 1.0, true, 0u, 0u);
+                w = push4(w, a3, y0 + 768u, 1.0, true, 0u, 0u);
+                w = push4(w, a4, y0 + 1024u, 1.0, true, 0u, 0u);
+                w = push4(w, a5, y0 + 1280u, 1.0, true, 0u, 0u);
+                w = push4(w, a6, y0 + 1536u, 1.0, true, 0u, 0u);
+                w = push4(w, a7, y0 + 1792u, 1.0, true, 0u, 0u);
+            }
             if (has_q_row) {
                 let b0 = load_draft(d_base, y0, vec4_path);
                 let b1 = load_draft(d_base, y0 + 256u, vec4_path);
@@ -266,6 +281,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         sh_f[lane] = t.flags | q.flags;
         sh_qm[lane] = q.m;
         sh_qs[lane] = q.s;
+        sh_wm[lane] = w.m;
+        sh_ws[lane] = w.s;
         workgroupBarrier();
         for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
             if (lane < stride) {
@@ -279,6 +296,11 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 }
                 sh_m[lane] = m_new;
                 sh_f[lane] = sh_f[lane] | sh_f[o];
+                if (raw) {
+                    let wm_new = max(sh_wm[lane], sh_wm[o]);
+                    sh_ws[lane] = rescale(sh_wm[lane], sh_ws[lane], wm_new, 1.0) + rescale(sh_wm[o], sh_ws[o], wm_new, 1.0);
+                    sh_wm[lane] = wm_new;
+                }
                 if (has_q_row) {
                     let qm_new = max(sh_qm[lane], sh_qm[o]);
                     sh_qs[lane] = rescale(sh_qm[lane], sh_qs[lane], qm_new, inv_t) + rescale(sh_qm[o], sh_qs[o], qm_new, inv_t);
@@ -297,6 +319,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             out.q_sum = sh_qs[0];
             out.t_at_d = 0.0;
             out.q_at_d = 0.0;
+            out.raw_max = sh_wm[0];
+            out.raw_sum = sh_ws[0];
             // The values at the drafted token come from the one chunk that holds it.
             if (drafted >= 0 && u32(drafted) >= begin && u32(drafted) < begin + CHUNK) {
                 let dt = u32(drafted);

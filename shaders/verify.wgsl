@@ -46,6 +46,9 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
     let qm_new = max(acc.q_max, o.q_max);
     acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
     acc.q_max = qm_new;
+    let wm_new = max(acc.raw_max, o.raw_max);
+    acc.raw_sum = rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0) + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
+    acc.raw_max = wm_new;
     acc.flags |= o.flags;
     return acc;
 }
@@ -150,6 +153,16 @@ fn row_outcome(info: ReqInfo, i: u32, st: RowStats, d: i32) -> Outcome {
     return o;
 }
 
+// Writes the logprobs of output slot `slot` when the output has the logprob regions.
+fn put_logprobs(slot: u32, lp: vec2<f32>) {
+    if ((params.flags & PARAM_LOGPROBS) == 0u) {
+        return;
+    }
+    let base = params.num_requests * params.out_stride + 2u * params.num_requests;
+    out_words[base + slot] = bitcast<u32>(lp.x);
+    out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
+}
+
 var<workgroup> first_stop: atomic<u32>;
 
 @compute @workgroup_size(64)
@@ -178,11 +191,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     let stop = atomicLoad(&first_stop);
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
+    // (Slot `stop` belongs to lane 0 below, or to the residual pass.)
+    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
     for (var j = lane; j < params.out_stride; j += 64u) {
         if (j < stop) {
             out_words[info.out_offset + j] = bitcast<u32>(draft_ids[info.draft_offset + j]);
+            let st_j = row_stats[info.row_offset + j];
+            put_logprobs(info.out_offset + j, logprobs_of(info, st_j, st_j.t_at_d));
         } else if (j > stop) {
             out_words[info.out_offset + j] = bitcast<u32>(-1);
+            put_logprobs(info.out_offset + j, nan2);
         }
     }
     if (lane != 0u) {
@@ -194,6 +212,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var status = 0u;
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
     var final_token = -1;
+    // NaN unless settled here (greedy) or by the residual pass (sampled).
+    put_logprobs(info.out_offset + stop, nan2);
     if (row_nonfinite(st)) {
         // NaN / +inf is a numeric failure; a row that is all -inf (after the controls, which
         // never empty a finite row) was masked entirely by the caller.
@@ -211,6 +231,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         if (greedy) {
             final_token = i32(st.t_arg);
+            put_logprobs(info.out_offset + stop, logprobs_of(info, st, st.t_max));
         } else if ((info.flags & REQ_FAULT_REJECT_ALL) != 0u || d < 0 || !o.q_usable) {
             task.kind = TASK_FROM_TARGET;
             task.draft_token = d;
@@ -223,6 +244,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     } else if (greedy) {
         final_token = i32(st.t_arg);
+        put_logprobs(info.out_offset + stop, logprobs_of(info, st, st.t_max));
     } else {
         task.kind = TASK_FROM_TARGET;
     }

@@ -63,6 +63,14 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Acceptance rule.
     pub rule: Rule,
+    /// Return the log-probability of every emitted token under the processed distribution
+    /// (temperature and controls; 0 for greedy requests, whose distribution is a point mass) in
+    /// [`VerifyOutput::logprobs`]. Default false.
+    pub logprobs: bool,
+    /// Also return it under the raw logits (`log_softmax(l)`, T = 1, no controls) in
+    /// [`VerifyOutput::raw_logprobs`]. Costs one more `exp` per entry in the statistics pass.
+    /// Default false.
+    pub raw_logprobs: bool,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +82,8 @@ impl Default for SamplingParams {
             min_p: 0.0,
             seed: None,
             rule: Rule::Exact,
+            logprobs: false,
+            raw_logprobs: false,
         }
     }
 }
@@ -105,6 +115,14 @@ impl SamplingParams {
     /// The same parameters with `min_p`.
     pub fn with_min_p(self, min_p: f32) -> Self {
         SamplingParams { min_p, ..self }
+    }
+    /// The same parameters returning processed (and, with `raw`, raw) logprobs.
+    pub fn with_logprobs(self, raw: bool) -> Self {
+        SamplingParams {
+            logprobs: true,
+            raw_logprobs: raw,
+            ..self
+        }
     }
     /// True when a control restricts the distribution (and the request is not greedy).
     pub fn filters(&self) -> bool {
@@ -341,8 +359,9 @@ impl fmt::Display for Status {
     }
 }
 
-/// The result of a verify call.
-#[derive(Clone, Debug, PartialEq)]
+/// The result of a verify call. Equality compares the logprobs bit for bit (so NaN slots
+/// compare equal).
+#[derive(Clone, Debug)]
 pub struct VerifyOutput {
     /// R × `stride` token ids: the accepted drafts, then the emitted (recovered or bonus) token,
     /// then −1 up to the end of the row. Every slot is written.
@@ -355,6 +374,29 @@ pub struct VerifyOutput {
     pub stride: usize,
     /// The seed each request used (drawn ones included), for replay.
     pub seeds: Vec<u64>,
+    /// Laid out like `tokens` when some request set [`SamplingParams::logprobs`]: the
+    /// log-probability of each emitted token under the processed distribution; NaN after the
+    /// emitted ones, for requests that did not ask, and at non-finite or all-masked rows.
+    pub logprobs: Option<Vec<f32>>,
+    /// The same under the raw logits (log_softmax at T = 1, no controls), for requests that set
+    /// [`SamplingParams::raw_logprobs`].
+    pub raw_logprobs: Option<Vec<f32>>,
+}
+
+impl PartialEq for VerifyOutput {
+    fn eq(&self, o: &Self) -> bool {
+        let bits = |v: &Option<Vec<f32>>| {
+            v.as_ref()
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+        };
+        self.tokens == o.tokens
+            && self.num_emitted == o.num_emitted
+            && self.status == o.status
+            && self.stride == o.stride
+            && self.seeds == o.seeds
+            && bits(&self.logprobs) == bits(&o.logprobs)
+            && bits(&self.raw_logprobs) == bits(&o.raw_logprobs)
+    }
 }
 
 impl VerifyOutput {
@@ -370,6 +412,18 @@ impl VerifyOutput {
     pub fn emitted(&self, r: usize) -> &[i32] {
         let start = r * self.stride;
         &self.tokens[start..start + self.num_emitted[r] as usize]
+    }
+    /// The processed logprobs of the tokens request `r` emits, if logprobs were asked for.
+    pub fn emitted_logprobs(&self, r: usize) -> Option<&[f32]> {
+        let start = r * self.stride;
+        let n = self.num_emitted[r] as usize;
+        self.logprobs.as_ref().map(|l| &l[start..start + n])
+    }
+    /// The raw logprobs of the tokens request `r` emits, if logprobs were asked for.
+    pub fn emitted_raw_logprobs(&self, r: usize) -> Option<&[f32]> {
+        let start = r * self.stride;
+        let n = self.num_emitted[r] as usize;
+        self.raw_logprobs.as_ref().map(|l| &l[start..start + n])
     }
     /// Number of drafts request `r` accepted.
     pub fn accepted(&self, r: usize) -> usize {
@@ -539,6 +593,12 @@ impl Plan {
             if filters {
                 flags |= REQ_FILTER;
             }
+            if req.params.logprobs {
+                flags |= REQ_LOGPROBS;
+            }
+            if req.params.raw_logprobs {
+                flags |= REQ_RAW_LOGPROBS;
+            }
             let inv_temperature = if greedy {
                 0.0
             } else {
@@ -595,6 +655,36 @@ impl Plan {
         self.reqs.len()
     }
 
+    /// True when some request asks for logprobs: the output then holds two more regions.
+    pub fn has_logprobs(&self) -> bool {
+        self.reqs
+            .iter()
+            .any(|r| r.flags & (REQ_LOGPROBS | REQ_RAW_LOGPROBS) != 0)
+    }
+
+    /// The `PARAM_LOGPROBS` / `PARAM_RAW` bits of the batch.
+    pub fn logprob_flags(&self) -> u32 {
+        let raw = self.reqs.iter().any(|r| r.flags & REQ_RAW_LOGPROBS != 0);
+        (if self.has_logprobs() {
+            PARAM_LOGPROBS
+        } else {
+            0
+        }) | if raw { PARAM_RAW } else { 0 }
+    }
+
+    /// Words of the packed output: `[tokens R×S | num_emitted R | status R]`, then, when some
+    /// request asks for logprobs, `[logprobs R×S | raw logprobs R×S]` (f32 bits, NaN where not
+    /// emitted or not asked for). One buffer, one readback.
+    pub fn out_words(&self) -> usize {
+        let n = self.num_requests();
+        let lp = if self.has_logprobs() {
+            2 * n * self.out_stride
+        } else {
+            0
+        };
+        n * self.out_stride + 2 * n + lp
+    }
+
     /// True when some request sets top-k / top-p / min-p (the cutoff pass runs).
     pub fn filters(&self) -> bool {
         self.reqs.iter().any(|r| r.flags & REQ_FILTER != 0)
@@ -613,8 +703,18 @@ impl Plan {
                 .collect(),
             stride: self.out_stride,
             seeds: self.seeds.clone(),
+            logprobs: self
+                .has_logprobs()
+                .then(|| floats(&words[n_tok + 2 * r..2 * n_tok + 2 * r])),
+            raw_logprobs: self
+                .has_logprobs()
+                .then(|| floats(&words[2 * n_tok + 2 * r..3 * n_tok + 2 * r])),
         }
     }
+}
+
+fn floats(words: &[u32]) -> Vec<f32> {
+    words.iter().map(|&w| f32::from_bits(w)).collect()
 }
 
 /// Checks a host slice's element count against the rows the plan needs.

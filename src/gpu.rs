@@ -321,7 +321,7 @@ fn params_uniform() -> wgpu::BindingType {
 }
 
 /// The explicit bind group layout of a kernel. The verification kernels bind the Params slot
-/// (dynamic offset) at 0 and storage buffers at 1–7; `writable` lists the read-write ones.
+/// (dynamic offset) at 0 and storage buffers at 1–5, 1–7 or 1–8; `writable` lists the read-write ones.
 fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
     let with_params = |last: u32, writable: &[u32]| {
         let mut v = vec![layout_entry(0, params_uniform())];
@@ -660,15 +660,15 @@ impl GpuBackend {
         ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
         ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
         ws.block_stats
-            .ensure(dev, plan.total_rows as u64 * u64::from(num_chunks) * 32);
-        ws.row_stats.ensure(dev, (plan.total_rows * 32) as u64);
+            .ensure(dev, plan.total_rows as u64 * u64::from(num_chunks) * 48);
+        ws.row_stats.ensure(dev, (plan.total_rows * 48) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
         ws.candidates
-            .ensure(dev, n as u64 * u64::from(num_blocks) * 16);
+            .ensure(dev, n as u64 * u64::from(num_blocks) * 32);
         let filters = plan.filters();
         ws.cutoffs
             .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
-        let out_words = n * plan.out_stride + 2 * n;
+        let out_words = plan.out_words();
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
 
@@ -710,6 +710,7 @@ impl GpuBackend {
                 flags: if vec4 { PARAM_VEC4 } else { 0 }
                     | if filters { PARAM_CUTOFF } else { 0 }
                     | dtype_bits(target.dtype, 0)
+                    | plan.logprob_flags()
                     | draft.map_or(0, |d| dtype_bits(d.dtype, 2)),
                 row_begin: w.row_begin as u32,
                 row_count: (w.row_end - w.row_begin) as u32,

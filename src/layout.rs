@@ -18,6 +18,10 @@ pub const REQ_SYNTHETIC: u32 = 2;
 /// `ReqInfo::flags`: the request sets top-k, top-p or min-p: its rows (and draft-logit rows) get a
 /// cut-off from the cutoff pass.
 pub const REQ_FILTER: u32 = 4;
+/// `ReqInfo::flags`: write the log-probability of every emitted token under the processed p.
+pub const REQ_LOGPROBS: u32 = 8;
+/// `ReqInfo::flags`: write it under the raw logits too (softmax at T = 1, no controls).
+pub const REQ_RAW_LOGPROBS: u32 = 16;
 /// `ReqInfo::flags`: deliberate fault for negative controls: reject every draft, sample from p.
 pub const REQ_FAULT_REJECT_ALL: u32 = 256;
 /// `ReqInfo::flags`: deliberate fault for negative controls: residual noise from the accept stream.
@@ -110,6 +114,10 @@ pub const PARAM_T_BF16: u32 = 8;
 pub const PARAM_D_F16: u32 = 16;
 /// `Params::flags`: the draft rows are bfloat16.
 pub const PARAM_D_BF16: u32 = 32;
+/// `Params::flags`: the output holds the two logprob regions (some request asks for logprobs).
+pub const PARAM_LOGPROBS: u32 = 64;
+/// `Params::flags`: row_stats also sums exp(l − max) of the raw row (raw logprobs).
+pub const PARAM_RAW: u32 = 128;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.
@@ -169,10 +177,11 @@ impl ReqInfo {
     }
 }
 
-/// Statistics of one row or one (row, vocab block) (`struct RowStats`, 32 bytes).
+/// Statistics of one row or one (row, vocab block) (`struct RowStats`, 48 bytes).
 ///
 /// ```text
 ///  0 t_max  4 t_sum  8 t_arg  12 flags  16 t_at_d  20 q_max  24 q_sum  28 q_at_d
+/// 32 raw_max 36 raw_sum 40..48 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
@@ -193,6 +202,12 @@ pub struct RowStats {
     pub q_sum: f32,
     /// Draft value (probability or logit) at the drafted token.
     pub q_at_d: f32,
+    /// Max of the raw row (no cut-off; only with `PARAM_RAW`).
+    pub raw_max: f32,
+    /// Σ exp(l − raw_max) over the raw row at T = 1 (only with `PARAM_RAW`).
+    pub raw_sum: f32,
+    /// Padding to 48 bytes.
+    pub _pad: [u32; 2],
 }
 
 /// What the residual pass samples for one request (`struct Task`, 16 bytes).
@@ -209,7 +224,7 @@ pub struct Task {
     pub slot: u32,
 }
 
-/// Best residual candidate of one (request, vocab block) (`struct Candidate`, 16 bytes).
+/// Best residual candidate of one (request, vocab block) (`struct Candidate`, 32 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct Candidate {
@@ -221,6 +236,12 @@ pub struct Candidate {
     pub p_key: f32,
     /// Its index, `NO_INDEX` if none.
     pub p_idx: u32,
+    /// Logit of the `r_idx` token (for its logprob).
+    pub r_logit: f32,
+    /// Logit of the `p_idx` token.
+    pub p_logit: f32,
+    /// Padding to 32 bytes.
+    pub _pad: [u32; 2],
 }
 
 impl Default for Candidate {
@@ -230,6 +251,9 @@ impl Default for Candidate {
             r_idx: NO_INDEX,
             p_key: 0.0,
             p_idx: NO_INDEX,
+            r_logit: 0.0,
+            p_logit: 0.0,
+            _pad: [0; 2],
         }
     }
 }

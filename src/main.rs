@@ -131,7 +131,7 @@ fn info(args: &[String]) -> i32 {
             if a.driver.is_empty() { "-" } else { &a.driver }
         );
         println!(
-            "        max storage binding {} MiB, max buffer {} MiB, {} storage buffers/stage (need 7){}, {} invocations/workgroup",
+            "        max storage binding {} MiB, max buffer {} MiB, {} storage buffers/stage (need 8){}, {} invocations/workgroup",
             a.max_storage_binding >> 20,
             a.max_buffer >> 20,
             a.storage_buffers_per_stage,

@@ -157,7 +157,7 @@ impl Verifier {
     }
 
     /// A GPU verifier on a device the app already has (the usual case: its model runs there).
-    /// The device must allow 7 storage buffers per shader stage. The app's error handlers are
+    /// The device must allow 8 storage buffers per shader stage. The app's error handlers are
     /// left alone; every call of ours runs inside error scopes.
     pub fn with_device(
         device: wgpu::Device,
@@ -467,7 +467,7 @@ impl Verifier {
 }
 
 fn out_words(plan: &Plan) -> usize {
-    plan.num_requests() * plan.out_stride + 2 * plan.num_requests()
+    plan.out_words()
 }
 
 fn check_options(opts: &VerifierOptions) -> Result<(), Error> {

@@ -113,8 +113,12 @@ fn params_structs_match_wgsl_layout() {
     check_layout!(
         RowStats,
         "RowStats",
-        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d]
+        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d, raw_max, raw_sum]
     );
     check_layout!(Task, "Task", [kind, local_row, draft_token, slot]);
-    check_layout!(Candidate, "Candidate", [r_key, r_idx, p_key, p_idx]);
+    check_layout!(
+        Candidate,
+        "Candidate",
+        [r_key, r_idx, p_key, p_idx, r_logit, p_logit]
+    );
 }

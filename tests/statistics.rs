@@ -50,8 +50,10 @@ impl Problem {
                     .iter()
                     .map(|&x| x + (0.5 * scale * g.normal()) as f32)
                     .collect();
+                // Draft probabilities are taken as given (the drafter's own, unfiltered
+                // distribution); draft logits get the request's controls like the target.
                 if mode == Mode::Probs {
-                    processed(&l, f64::from(temperature), controls)
+                    processed(&l, f64::from(temperature), Controls::OFF)
                         .iter()
                         .map(|&x| x as f32)
                         .collect()

@@ -91,6 +91,7 @@ pub(crate) fn row_input<'a>(
         cut,
         dcut,
         draft_is_logits: plan.draft_kind == DRAFT_LOGITS,
+        raw: plan.logprob_flags() & PARAM_RAW != 0,
     }
 }
 
@@ -113,7 +114,7 @@ pub(crate) fn run(
             *st = row_stats::row(&input);
         }
     });
-    let mut words = vec![0u32; n * plan.out_stride + 2 * n];
+    let mut words = vec![0u32; plan.out_words()];
     let tasks: Vec<Task> = (0..n)
         .map(|r| verify::request(plan, r, &stats, &mut words))
         .collect();

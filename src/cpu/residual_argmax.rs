@@ -3,7 +3,7 @@
 //! emulating its blocks and lanes.
 
 use crate::batch::Plan;
-use crate::cpu::verify::{sanitize_prob, STATUS_EMPTY_RESIDUAL};
+use crate::cpu::verify::{logprobs_of, put_logprobs, sanitize_prob, STATUS_EMPTY_RESIDUAL};
 use crate::layout::*;
 use crate::rng::{
     exp1_from_w, random_words, row_position, w_from_bits, STREAM_ACCEPT, STREAM_BONUS,
@@ -86,10 +86,12 @@ pub fn candidate(
             if r_may && better(rk, y as u32, best.r_key, best.r_idx) {
                 best.r_key = rk;
                 best.r_idx = y as u32;
+                best.r_logit = l;
             }
             if p_may && better(pk, y as u32, best.p_key, best.p_idx) {
                 best.p_key = pk;
                 best.p_idx = y as u32;
+                best.p_logit = l;
             }
         }
     }
@@ -109,13 +111,22 @@ pub fn finish(
         return;
     }
     let mut token = best.r_idx;
+    let mut logit = best.r_logit;
     if token == NO_INDEX {
         token = best.p_idx;
+        logit = best.p_logit;
         let n = plan.num_requests();
         out_words[n * plan.out_stride + n + r] |= STATUS_EMPTY_RESIDUAL;
     }
     if token == NO_INDEX {
         token = st.t_arg;
+        logit = st.t_max;
     }
     out_words[task.slot as usize] = token;
+    put_logprobs(
+        plan,
+        out_words,
+        task.slot as usize,
+        logprobs_of(&plan.reqs[r], st, logit),
+    );
 }

@@ -128,6 +128,8 @@ pub struct RowInput<'a> {
     pub dcut: f32,
     /// The draft row holds logits (so `dcut` applies to `q_at_d`).
     pub draft_is_logits: bool,
+    /// Also reduce the raw row (no cut-off, T = 1) for raw logprobs.
+    pub raw: bool,
 }
 
 /// Statistics of chunk `chunk` of one row, in the order of the statistics contract: lane `l`
@@ -140,9 +142,21 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
     let vocab = input.target.len();
     let mut t = [ACC_NEW; CHUNK_LANES];
     let mut q = [ACC_NEW; CHUNK_LANES];
-    for (lane, (tl, ql)) in t.iter_mut().zip(q.iter_mut()).enumerate() {
+    let mut w = [ACC_NEW; CHUNK_LANES];
+    for (lane, ((tl, ql), wl)) in t.iter_mut().zip(q.iter_mut()).zip(w.iter_mut()).enumerate() {
         for i in 0..CHUNK / 4 / CHUNK_LANES {
             let y0 = begin + 4 * (lane + CHUNK_LANES * i);
+            if input.raw && y0 < vocab {
+                push4(
+                    wl,
+                    group(input.target, y0, f32::NEG_INFINITY),
+                    y0 as u32,
+                    1.0,
+                    true,
+                    0,
+                    0,
+                );
+            }
             if y0 < vocab {
                 push4(
                     tl,
@@ -184,6 +198,12 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
             }
             t[lane].m = m_new;
             t[lane].flags = a.flags | b.flags;
+            if input.raw {
+                let (wa, wb) = (w[lane], w[o]);
+                let wm_new = wa.m.max(wb.m);
+                w[lane].s = rescale(wa.m, wa.s, wm_new, 1.0) + rescale(wb.m, wb.s, wm_new, 1.0);
+                w[lane].m = wm_new;
+            }
             if input.draft_logits.is_some() {
                 let (qa, qb) = (q[lane], q[o]);
                 let qm_new = qa.m.max(qb.m);
@@ -202,6 +222,9 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
         q_max: q[0].m,
         q_sum: q[0].s,
         q_at_d: 0.0,
+        raw_max: w[0].m,
+        raw_sum: w[0].s,
+        _pad: [0; 2],
     };
     if input.drafted >= 0 {
         let d = input.drafted as usize;
@@ -240,6 +263,10 @@ pub fn merge(chunks: &[RowStats], input: &RowInput<'_>) -> RowStats {
         acc.q_sum =
             rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
         acc.q_max = qm_new;
+        let wm_new = acc.raw_max.max(o.raw_max);
+        acc.raw_sum = rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0)
+            + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
+        acc.raw_max = wm_new;
         acc.flags |= o.flags;
     }
     if acc.t_arg == NO_INDEX {

@@ -87,6 +87,35 @@ fn row_outcome(plan: &Plan, info: &ReqInfo, i: u32, st: &RowStats, d: i32) -> Ou
     o
 }
 
+/// The (processed, raw) logprobs of a token with logit `l` at a row with statistics `st`, NaN
+/// where the request did not ask (mirrors `logprobs_of` in the WGSL).
+pub(crate) fn logprobs_of(info: &ReqInfo, st: &RowStats, l: f32) -> (f32, f32) {
+    let processed = if info.flags & REQ_LOGPROBS == 0 {
+        f32::NAN
+    } else if info.flags & REQ_GREEDY != 0 {
+        0.0 // a point mass at the argmax
+    } else {
+        (l - st.t_max) * info.inv_temperature - st.t_sum.ln()
+    };
+    let raw = if info.flags & REQ_RAW_LOGPROBS == 0 {
+        f32::NAN
+    } else {
+        (l - st.raw_max) - st.raw_sum.ln()
+    };
+    (processed, raw)
+}
+
+/// Writes the logprobs of output slot `slot` (no-op when the batch has no logprob regions).
+pub(crate) fn put_logprobs(plan: &Plan, out_words: &mut [u32], slot: usize, lp: (f32, f32)) {
+    if !plan.has_logprobs() {
+        return;
+    }
+    let n = plan.num_requests();
+    let base = n * plan.out_stride + 2 * n;
+    out_words[base + slot] = lp.0.to_bits();
+    out_words[base + n * plan.out_stride + slot] = lp.1.to_bits();
+}
+
 /// Verifies request `r`: writes its accepted tokens, padding, num_emitted and status into
 /// `out_words` (layout `[tokens | num_emitted | status]`) and returns its residual task. The
 /// request stops at the first draft not accepted; the status describes that row.
@@ -111,8 +140,13 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         let slot = (info.out_offset + j) as usize;
         if j < stop {
             out_words[slot] = draft(j) as u32;
-        } else if j > stop {
-            out_words[slot] = -1i32 as u32;
+            let st = &row_stats[(info.row_offset + j) as usize];
+            put_logprobs(plan, out_words, slot, logprobs_of(info, st, st.t_at_d));
+        } else {
+            if j > stop {
+                out_words[slot] = -1i32 as u32;
+            }
+            put_logprobs(plan, out_words, slot, (f32::NAN, f32::NAN));
         }
     }
     let st = &row_stats[(info.row_offset + stop) as usize];
@@ -130,7 +164,7 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         } else {
             STATUS_ALL_MASKED
         };
-        final_token = st.t_arg as i32;
+        final_token = st.t_arg as i32; // its logprob stays NaN
     } else if stop < k {
         let d = draft(stop);
         let o = row_outcome(plan, info, stop, st, d);
@@ -139,6 +173,8 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         }
         if greedy {
             final_token = st.t_arg as i32;
+            let lp = logprobs_of(info, st, st.t_max);
+            put_logprobs(plan, out_words, task.slot as usize, lp);
         } else {
             task.kind = if info.flags & REQ_FAULT_REJECT_ALL != 0 || d < 0 || !o.q_usable {
                 TASK_FROM_TARGET
@@ -151,6 +187,8 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         }
     } else if greedy {
         final_token = st.t_arg as i32;
+        let lp = logprobs_of(info, st, st.t_max);
+        put_logprobs(plan, out_words, task.slot as usize, lp);
     } else {
         task.kind = TASK_FROM_TARGET;
     }
