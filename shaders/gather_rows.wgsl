@@ -42,9 +42,9 @@ fn main(
         return;
     }
     let s = gather_indices[gather.index_base + row] - gather.src_row_begin;
-    let from = gather.src_base + s * gather.row_len;
-    let to = gather.dst_base + row * gather.row_len;
+    let src_at = gather.src_base + s * gather.row_len;
+    let dst_at = gather.dst_base + row * gather.row_len;
     for (var c = wid.x * WG + lid.x; c < gather.row_len; c += nwg.x * WG) {
-        gather_dst[to + c] = gather_src[from + c];
+        gather_dst[dst_at + c] = gather_src[src_at + c];
     }
 }
