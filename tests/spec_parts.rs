@@ -319,8 +319,7 @@ fn gpu_gather(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
     src: &[f32],
-    src_off: u64,
-    dst_off: u64,
+    (src_off, dst_off): (u64, u64),
     indices: &[u32],
     row_len: usize,
 ) -> Vec<f32> {
@@ -407,9 +406,8 @@ fn gpu_gather_equals_the_cpu_twin() {
         let indices: Vec<u32> = (0..dst_rows).map(|_| g.below(src_rows) as u32).collect();
         let mut want = vec![0f32; dst_rows * row_len];
         gather_rows_cpu(&src, &mut want, &indices, row_len);
-        let got = gpu_gather(
-            &gather, device, queue, &src, src_off, dst_off, &indices, row_len,
-        );
+        let offsets = (src_off, dst_off);
+        let got = gpu_gather(&gather, device, queue, &src, offsets, &indices, row_len);
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
         assert_eq!(bits(&got), bits(&want), "row_len {row_len}, cap {cap:?}");
     }
@@ -419,7 +417,15 @@ fn gpu_gather_equals_the_cpu_twin() {
     let expanded: Vec<f32> = (0..l.rows() * vocab).map(|i| i as f32).collect();
     let mut want = vec![0f32; l.rows() * vocab];
     l.contract(&expanded, &mut want, vocab);
-    let got = gpu_gather(&full, device, queue, &expanded, 0, 0, &l.contraction, vocab);
+    let got = gpu_gather(
+        &full,
+        device,
+        queue,
+        &expanded,
+        (0, 0),
+        &l.contraction,
+        vocab,
+    );
     assert_eq!(got, want);
 }
 

@@ -69,7 +69,7 @@ impl MockLm {
         let h = self.context_hash(a, b);
         let last = Self::last(a, b);
         let succ = (mix(u64::from(last) ^ self.salt.rotate_left(17)) % self.vocab as u64) as usize;
-        let strong = mix(h ^ 0xabcd) % self.weak_every != 0;
+        let strong = !mix(h ^ 0xabcd).is_multiple_of(self.weak_every);
         for (y, o) in out.iter_mut().enumerate() {
             let n = unit(mix(h ^ (y as u64).wrapping_mul(0x9e37_79b9))) as f32;
             *o = self.noise * n + if strong && y == succ { self.peak } else { 0.0 };
