@@ -16,7 +16,7 @@
 //! # fn demo(target: &mut impl TargetModel) -> Result<(), specdec::spec::SpecError> {
 //! let verifier = Verifier::auto(VerifierOptions::default())?;
 //! let mut decoder = SpecDecoder::new(&verifier, DecoderConfig { num_drafts: 4, eos: vec![2], ..Default::default() });
-//! let mut proposer = NgramProposer::new(1, 3);
+//! let mut proposer = NgramProposer::new(1, 3)?;
 //! let requests = [GenRequest::new(vec![5, 6, 7, 5, 6], SamplingParams::greedy(), 32)];
 //! let out = decoder.generate(target, &mut proposer, &requests)?;
 //! println!("{:?}\n{}", out[0].tokens, decoder.metrics());
