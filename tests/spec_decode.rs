@@ -330,19 +330,25 @@ fn speculative_sampling_keeps_the_target_distribution() {
 }
 
 #[test]
-fn negative_control_emitting_the_draft_on_reject_is_detected() {
+fn negative_controls_wrong_loops_are_detected() {
     let v = cpu();
-    let (ok, report, m) = distribution_passes(
-        &v,
-        Prop::Draft(RowKind::Probs, 3.0),
-        Scorer::MultiQuery,
-        3,
+    let faults = [
         DecodeFault::EmitDraftOnReject,
-        77_000_000,
-    );
-    eprintln!("{report}{m}");
-    assert!(
-        !ok,
-        "the wrong decode loop must fail the same test: {report}"
-    );
+        DecodeFault::ResampleFromTarget,
+    ];
+    for (i, fault) in faults.into_iter().enumerate() {
+        let (ok, report, m) = distribution_passes(
+            &v,
+            Prop::Draft(RowKind::Probs, 3.0),
+            Scorer::MultiQuery,
+            3,
+            fault,
+            77_000_000 + 1_000_000 * i as u64,
+        );
+        eprintln!("{fault:?}\n{report}{m}");
+        assert!(
+            !ok,
+            "{fault:?}: the wrong decode loop must fail the same test: {report}"
+        );
+    }
 }

@@ -19,6 +19,32 @@ pub enum DecodeFault {
     /// At a rejection, emit the rejected draft instead of the verifier's recovered token (the
     /// output then follows the draft distribution).
     EmitDraftOnReject,
+    /// At a rejection, sample the token from the target's `p` at that row instead of the residual
+    /// `max(p − q, 0)` (the accepted mass `min(p, q)` is then counted twice).
+    ResampleFromTarget,
+}
+
+/// A sample from `softmax(row / t)` (argmax at `t = 0`) with its own random stream, for
+/// [`DecodeFault::ResampleFromTarget`] only.
+fn sample_faulty(row: &[f32], t: f32, seed: u64, position: usize) -> u32 {
+    let bits = crate::rng::random_words(seed, crate::rng::row_position(position as u64, 0), 7, 0);
+    let u = (f64::from(bits[0]) + 0.5) / 4_294_967_296.0;
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if t == 0.0 {
+        return row.iter().position(|&x| x == m).unwrap_or(0) as u32;
+    }
+    let w: Vec<f64> = row
+        .iter()
+        .map(|&x| (f64::from(x - m) / f64::from(t)).exp())
+        .collect();
+    let mut left = u * w.iter().sum::<f64>();
+    for (y, &x) in w.iter().enumerate() {
+        if left < x {
+            return y as u32;
+        }
+        left -= x;
+    }
+    (row.len() - 1) as u32
 }
 
 /// Settings of a [`SpecDecoder`].
@@ -249,6 +275,7 @@ impl<'v> SpecDecoder<'v> {
             let t3 = Instant::now();
 
             // Append, stop, roll back.
+            let mut row_at = 0usize;
             for (i, &r) in live.iter().enumerate() {
                 let kr = self.proposals.lens[i] as usize;
                 let accepted = out.accepted(i);
@@ -260,10 +287,20 @@ impl<'v> SpecDecoder<'v> {
                 self.step_tokens.clear();
                 self.step_tokens
                     .extend(out.emitted(i).iter().map(|&t| t as u32));
-                if self.config.fault == DecodeFault::EmitDraftOnReject && accepted < kr {
-                    let d = self.proposals.tokens[self.offsets[i] + accepted];
-                    *self.step_tokens.last_mut().expect("one token at least") = d;
+                if accepted < kr && self.config.fault != DecodeFault::None {
+                    let wrong = match self.config.fault {
+                        DecodeFault::EmitDraftOnReject => {
+                            self.proposals.tokens[self.offsets[i] + accepted]
+                        }
+                        _ => {
+                            let row = &self.logits[(row_at + accepted) * vocab..][..vocab];
+                            let at = len + accepted;
+                            sample_faulty(row, requests[r].params.temperature, out.seeds[i], at)
+                        }
+                    };
+                    *self.step_tokens.last_mut().expect("one token at least") = wrong;
                 }
+                row_at += kr + 1;
                 for &t in &self.step_tokens {
                     seqs[r].push(t);
                     self.metrics.appended += 1;
