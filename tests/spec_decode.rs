@@ -250,7 +250,7 @@ fn exact_joint(lm: &MockLm) -> Vec<f64> {
     probs
 }
 
-/// Runs TRIALS sampled generations of J tokens; returns whether every test passed, and the
+/// Runs `trials` sampled generations of J tokens; returns whether every test passed, and the
 /// outcomes' descriptions.
 fn distribution_passes(
     verifier: &Verifier,
@@ -259,9 +259,10 @@ fn distribution_passes(
     k: usize,
     fault: DecodeFault,
     seed_base: u64,
+    trials: usize,
 ) -> (bool, String, Metrics) {
     let lm = dist_lm();
-    let reqs: Vec<GenRequest> = (0..TRIALS)
+    let reqs: Vec<GenRequest> = (0..trials)
         .map(|i| {
             GenRequest::new(
                 PROMPT.to_vec(),
@@ -317,8 +318,15 @@ fn speculative_sampling_keeps_the_target_distribution() {
         (Prop::Ngram(1, 2), Scorer::Expansion, 3),
     ];
     for (i, (prop, scorer, k)) in cases.into_iter().enumerate() {
-        let (ok, report, m) =
-            distribution_passes(&v, prop, scorer, k, DecodeFault::None, 1_000_000 * i as u64);
+        let (ok, report, m) = distribution_passes(
+            &v,
+            prop,
+            scorer,
+            k,
+            DecodeFault::None,
+            1_000_000 * i as u64,
+            TRIALS,
+        );
         eprintln!("{prop:?} {scorer:?} k={k}\n{report}{m}");
         assert!(ok, "{prop:?} k={k}: {report}");
         if k > 0 {
@@ -344,6 +352,7 @@ fn negative_controls_wrong_loops_are_detected() {
             3,
             fault,
             77_000_000 + 1_000_000 * i as u64,
+            TRIALS,
         );
         eprintln!("{fault:?}\n{report}{m}");
         assert!(
@@ -351,4 +360,22 @@ fn negative_controls_wrong_loops_are_detected() {
             "{fault:?}: the wrong decode loop must fail the same test: {report}"
         );
     }
+}
+
+#[test]
+fn speculative_sampling_keeps_the_target_distribution_gpu() {
+    let Some(g) = gpu() else { return };
+    let (ok, report, m) = distribution_passes(
+        g,
+        Prop::Draft(RowKind::Probs, 3.0),
+        Scorer::MultiQuery,
+        3,
+        DecodeFault::None,
+        5_000_000,
+        // Fewer trials than on the CPU: lavapipe verifies ~10× slower than the CPU backend.
+        TRIALS / 3,
+    );
+    eprintln!("GPU\n{report}{m}");
+    assert!(ok, "{report}");
+    assert!(m.accepted > 0 && m.accepted < m.proposed, "{m}");
 }
