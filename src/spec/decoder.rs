@@ -168,7 +168,8 @@ impl<'v> SpecDecoder<'v> {
     }
 
     /// Generates for every request until it stops; request `i` uses sequence slot `i` of
-    /// `target` (see [`TargetModel`] for what is cached and who truncates). A prompt already at
+    /// `target` (see [`TargetModel`] for what is cached and who truncates; a slot's cache must be
+    /// empty or hold a prefix of its prompt when this is called). A prompt already at
     /// its `max_len` generates nothing (`StopReason::MaxLen`).
     pub fn generate<T, P>(
         &mut self,

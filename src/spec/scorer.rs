@@ -45,7 +45,10 @@ impl ScoreInput<'_> {
 /// step). The decoder never calls `forward` for a sequence whose cache holds more than
 /// `tokens.len()` tokens; when a cache already holds all of `tokens`, the model must re-feed the
 /// last token to produce row 0 (the [`Sequences`] adapter does that). Sequences that finished
-/// are simply not scored again; their caches are the app's to free.
+/// are simply not scored again; their caches are the app's to free. At the start of
+/// [`super::SpecDecoder::generate`] each slot's cache must be empty or hold a prefix of that
+/// request's prompt (a shared system prompt, say): the decoder does not clear caches, so a slot
+/// reused for a new prompt must be truncated by the app first.
 pub trait TargetModel {
     /// Vocabulary size `V` (length of a logits row).
     fn vocab_size(&self) -> usize;
