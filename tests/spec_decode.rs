@@ -138,6 +138,7 @@ fn check_greedy(verifier: &Verifier, n: usize, cases: &[(Prop, Scorer, usize)]) 
         greedy_config(4),
     );
     assert_eq!(plain, want, "plain greedy through the decoder");
+    eprintln!("plain greedy on {}\n{plain_m}", verifier.describe());
     assert_eq!(plain_m.proposed, 0);
     assert_eq!(plain_m.mean_acceptance_length(), Some(1.0));
     for &(prop, scorer, k) in cases {

@@ -559,3 +559,108 @@ fn metrics_rates_and_table() {
     assert!(table.contains("| 0 | 3 | 2 | 0.667 |"), "{table}");
     assert_eq!(Metrics::default().draft_efficiency(), None);
 }
+
+/// The GPU-resident scorer path: batch-expanded logits in a GPU buffer, contracted by the gather
+/// kernel into a second buffer and verified there with `Verifier::record`, give the tokens of the
+/// host path (contraction by the twin, `verify_blocking` on the CPU backend). Greedy requests, so
+/// the two backends must agree exactly.
+#[test]
+fn gpu_contraction_feeds_the_verifier() {
+    use wgpu::util::DeviceExt;
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().expect("a GPU verifier");
+    let gather = GatherRows::new(device).unwrap();
+    let vocab = 1000usize;
+    let lens = [3u32, 0, 2, 0, 5, 1];
+    let layout = ExpansionLayout::new(&lens);
+    let mut g = Gen::new(3);
+    let expanded = g.logits(layout.rows() * vocab, 2.0);
+    let mut rows = vec![0f32; expanded.len()];
+    layout.contract(&expanded, &mut rows, vocab);
+    // Drafts: the argmax of their row half of the time, so some are accepted.
+    let mut drafts = Vec::new();
+    let mut at = 0usize;
+    for &k in &lens {
+        for i in 0..k as usize {
+            let row = &rows[(at + i) * vocab..(at + i + 1) * vocab];
+            let d = if g.unit() < 0.5 {
+                argmax(row)
+            } else {
+                g.below(vocab)
+            };
+            drafts.push(d as i32);
+        }
+        at += k as usize + 1;
+    }
+    let requests: Vec<specdec::Request> = lens
+        .iter()
+        .enumerate()
+        .map(|(r, &k)| specdec::Request {
+            num_drafts: k,
+            params: SamplingParams::greedy(),
+            position: 100 + r as u64,
+        })
+        .collect();
+    let host = cpu()
+        .verify_blocking(&specdec::VerifyBatch {
+            vocab_size: vocab as u32,
+            requests: &requests,
+            draft_token_ids: &drafts,
+            target_logits: &rows,
+            draft: specdec::Draft::OneHot,
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        })
+        .unwrap();
+    let src = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("specdec.tests.expanded"),
+        contents: bytemuck::cast_slice(&expanded),
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let dst = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("specdec.tests.contracted"),
+        size: (rows.len() * 4 + 256) as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    let dst_rows = GpuRows {
+        buffer: &dst,
+        offset: 256,
+    };
+    gather
+        .record(
+            &mut enc,
+            GpuRows {
+                buffer: &src,
+                offset: 0,
+            },
+            layout.rows(),
+            dst_rows,
+            &layout.contraction,
+            vocab,
+        )
+        .unwrap();
+    let pending = v
+        .record(
+            &mut enc,
+            &specdec::GpuVerifyBatch {
+                vocab_size: vocab as u32,
+                requests: &requests,
+                draft_token_ids: &drafts,
+                target_logits: dst_rows,
+                draft: specdec::Draft::OneHot,
+                draft_vocab_size: None,
+                synthetic_rates: None,
+            },
+        )
+        .unwrap();
+    queue.submit([enc.finish()]);
+    let on_gpu = v.read_blocking(pending).unwrap();
+    assert_eq!(on_gpu.tokens, host.tokens);
+    assert_eq!(on_gpu.num_emitted, host.num_emitted);
+    assert!(
+        host.num_emitted.iter().any(|&n| n > 1),
+        "some drafts accepted"
+    );
+}

@@ -15,8 +15,9 @@ use super::{proposal_cap, ModelError, Proposals, Proposer, RowKind, SeqView, Spe
 /// a drafter that returns rows must have *sampled* each token from its row (probabilities, or
 /// the softmax of the logits at the request's temperature); a drafter without rows must be
 /// deterministic given the sequence (e.g. greedy). The draft model keeps any state of its own
-/// (e.g. a KV cache); sequences can only grow by tokens the target emitted, and
-/// [`SeqView::request`] identifies the request.
+/// (e.g. a KV cache, per [`SeqView::request`]): between two calls a sequence grows by the tokens
+/// the target emitted (accepted drafts and one more), so a cached drafter keeps the common
+/// prefix of its cache and `seqs[i].tokens` and feeds the rest.
 pub trait DraftModel {
     /// What the rows hold; [`RowKind::OneHot`] when the model returns no rows.
     fn row_kind(&self) -> RowKind;
