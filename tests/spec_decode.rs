@@ -156,6 +156,10 @@ fn check_greedy(verifier: &Verifier, n: usize, cases: &[(Prop, Scorer, usize)]) 
         assert!(m.target_calls < plain_m.target_calls, "{prop:?}: {m}");
         assert!(m.request_steps < plain_m.request_steps, "{prop:?}: {m}");
         assert_eq!(m.appended, plain_m.appended);
+        assert_eq!(m.target_calls, m.verify_calls);
+        assert!(m.tokens_per_second().is_some_and(|t| t > 0.0), "{m}");
+        let table = m.to_string();
+        assert!(table.contains("| target calls |") && table.contains("| draft position |"));
         assert!(m.proposed_at.len() <= k);
     }
 }
@@ -187,6 +191,15 @@ fn decoder_rejects_bad_requests_and_proposals() {
     let out = dec.generate(&mut target, &mut NoProposer, &full).unwrap();
     assert_eq!(out[0].tokens, Vec::<u32>::new());
     assert_eq!(out[0].stop, StopReason::MaxLen);
+    // Metrics accumulate over generate calls until reset.
+    let one = [GenRequest::new(vec![5, 6, 7], SamplingParams::greedy(), 3)];
+    dec.reset_metrics();
+    dec.generate(&mut target, &mut NoProposer, &one).unwrap();
+    dec.generate(&mut target, &mut NoProposer, &one).unwrap();
+    assert_eq!(dec.metrics().appended, 6);
+    assert_eq!(dec.metrics().target_calls, 6);
+    dec.reset_metrics();
+    assert_eq!(dec.metrics(), &Metrics::default());
     // A proposer that ignores its cap is caught before scoring.
     struct Greedy;
     impl Proposer for Greedy {
