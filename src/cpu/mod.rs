@@ -3,6 +3,7 @@
 //! rows; the result does not depend on the thread count.
 
 pub mod cutoff;
+pub mod gather_rows;
 pub mod residual_argmax;
 pub mod row_stats;
 pub mod verify;
