@@ -130,6 +130,7 @@ const REQ_SYNTHETIC: u32 = 2u;
 const REQ_FILTER: u32 = 4u;
 const REQ_LOGPROBS: u32 = 8u;
 const REQ_RAW_LOGPROBS: u32 = 16u;
+const REQ_BLOCK: u32 = 32u;
 // Deliberate faults, only for negative controls of the statistical tests (never set by users).
 const REQ_FAULT_REJECT_ALL: u32 = 256u;
 const REQ_FAULT_SHARED_NOISE: u32 = 512u;

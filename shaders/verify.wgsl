@@ -163,7 +163,45 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
     out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
 }
 
+// p(d) at a row from its statistics (0 for an invalid draft).
+fn p_at_draft(info: ReqInfo, st: RowStats, d: i32) -> f32 {
+    if (d < 0) {
+        return 0.0;
+    }
+    return exp((st.t_at_d - st.t_max) * info.inv_temperature) / st.t_sum;
+}
+
+// Block verification with one-hot drafts (SPEC §3 rule 5, closed form): the number of drafts
+// kept, tau = max{ j : u_j <= h_j } (0 if none). rho_j = min(1, rho_{j-1} p_j(d_j)),
+// R_j = rho_j (1 - p_{j+1}(d_{j+1})), h_j = R_j / (R_j + 1 - rho_j) (1 when the denominator is
+// 0) for j < k, h_k = rho_k. Sequential in j (lane 0); the rows' statistics are already merged.
+fn block_stop(info: ReqInfo) -> u32 {
+    let k = info.num_drafts;
+    var rho = 1.0;
+    var tau = 0u;
+    for (var j = 1u; j <= k; j += 1u) {
+        let d_prev = draft_ids[info.draft_offset + j - 1u];
+        rho = min(rho * p_at_draft(info, row_stats[info.row_offset + j - 1u], d_prev), 1.0);
+        var h = rho;
+        if (j < k) {
+            let d_next = draft_ids[info.draft_offset + j];
+            let r = rho * (1.0 - p_at_draft(info, row_stats[info.row_offset + j], d_next));
+            let den = r + 1.0 - rho;
+            h = 1.0;
+            if (den > 0.0) {
+                h = r / den;
+            }
+        }
+        let u = uniform_open(random_words(info, row_position(info, j - 1u), STREAM_ACCEPT, 0u).x);
+        if (u <= h) {
+            tau = j;
+        }
+    }
+    return tau;
+}
+
 var<workgroup> first_stop: atomic<u32>;
+var<workgroup> any_nonfinite: atomic<u32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -171,8 +209,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let info = requests[r];
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
+    // Block requests decide jointly (below) unless a row is non-finite: then the standard rule.
+    let block_rule = (info.flags & REQ_BLOCK) != 0u;
     if (lane == 0u) {
         atomicStore(&first_stop, k);
+        atomicStore(&any_nonfinite, 0u);
     }
     workgroupBarrier();
     // Every row in parallel: merge its chunks, decide its draft.
@@ -183,9 +224,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
         row_stats[info.row_offset + i] = st;
+        if (row_nonfinite(st)) {
+            atomicOr(&any_nonfinite, 1u);
+        }
         if (i < k && !row_outcome(info, i, st, drafted).accept) {
             atomicMin(&first_stop, i);
         }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    let block = block_rule && atomicLoad(&any_nonfinite) == 0u;
+    if (block && lane == 0u) {
+        atomicStore(&first_stop, block_stop(info));
     }
     storageBarrier();
     workgroupBarrier();
@@ -225,7 +275,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         final_token = i32(st.t_arg);
     } else if (stop < k) {
         let d = draft_ids[info.draft_offset + stop];
-        let o = row_outcome(info, stop, st, d);
+        var o = Outcome(false, false, true);
+        if (!block) {
+            o = row_outcome(info, stop, st, d);
+        }
         if (!o.q_usable) {
             status |= STATUS_DRAFT_NONFINITE;
         }

@@ -21,6 +21,14 @@ pub enum Rule {
     /// [`VerifyBatch::synthetic_rates`]; everything else (reads, statistics, resampling) costs what
     /// [`Rule::Exact`] costs.
     Synthetic,
+    /// Block verification (Sun et al. 2024, SPEC §3 rule 5): the drafts are accepted or
+    /// rejected jointly, so a later draft can rescue an earlier unlikely one. Keeps the target
+    /// distribution exactly and never accepts fewer drafts in expectation than [`Rule::Exact`].
+    /// Greedy requests (temperature 0) ignore it. Implemented for one-hot drafts (no draft
+    /// distribution: the closed form `R_j = ρ_j (1 − p_{j+1}(d_{j+1}))`); a batch that gives
+    /// draft probabilities or logits is refused for block requests ([`Error::Unsupported`]).
+    /// A request with a non-finite target row is verified by the standard rule instead.
+    Block,
 }
 
 /// Sampling parameters of one request.
@@ -439,7 +447,9 @@ pub enum Fault {
     /// Correct sampler.
     #[default]
     None,
-    /// Reject every draft and sample from p: the right marginal, the wrong halves.
+    /// Reject every draft and sample from p: the right marginal, the wrong halves. Under
+    /// [`Rule::Block`] the joint decision is kept and the token after it is drawn from p instead
+    /// of the residual: the wrong marginal.
     RejectAllFromTarget,
     /// Draw the residual noise from the accept stream (noise shared between the accept test and
     /// the resample).
@@ -508,6 +518,18 @@ impl Plan {
                 });
             }
             req.params.check(r)?;
+            if req.params.rule == Rule::Block
+                && req.params.temperature != 0.0
+                && shape.draft_kind != DRAFT_NONE
+            {
+                return Err(Error::Unsupported {
+                    what: format!(
+                        "request {r}: Rule::Block with draft probabilities or logits (block \
+                         verification is implemented for one-hot drafts; use Draft::OneHot or \
+                         Rule::Exact)"
+                    ),
+                });
+            }
             any_synthetic |= req.params.rule == Rule::Synthetic;
             total_drafts += req.num_drafts as usize;
             k_max = k_max.max(req.num_drafts);
@@ -588,6 +610,9 @@ impl Plan {
             }
             if req.params.rule == Rule::Synthetic {
                 flags |= REQ_SYNTHETIC;
+            }
+            if req.params.rule == Rule::Block && !greedy {
+                flags |= REQ_BLOCK;
             }
             let filters = req.params.filters();
             if filters {

@@ -22,6 +22,8 @@ pub const REQ_FILTER: u32 = 4;
 pub const REQ_LOGPROBS: u32 = 8;
 /// `ReqInfo::flags`: write it under the raw logits too (softmax at T = 1, no controls).
 pub const REQ_RAW_LOGPROBS: u32 = 16;
+/// `ReqInfo::flags`: block verification (SPEC §3 rule 5).
+pub const REQ_BLOCK: u32 = 32;
 /// `ReqInfo::flags`: deliberate fault for negative controls: reject every draft, sample from p.
 pub const REQ_FAULT_REJECT_ALL: u32 = 256;
 /// `ReqInfo::flags`: deliberate fault for negative controls: residual noise from the accept stream.

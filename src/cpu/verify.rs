@@ -116,6 +116,45 @@ pub(crate) fn put_logprobs(plan: &Plan, out_words: &mut [u32], slot: usize, lp: 
     out_words[base + n * plan.out_stride + slot] = lp.1.to_bits();
 }
 
+/// p(d) at a row from its statistics (0 for an invalid draft).
+fn p_at_draft(info: &ReqInfo, st: &RowStats, d: i32) -> f32 {
+    if d < 0 {
+        0.0
+    } else {
+        ((st.t_at_d - st.t_max) * info.inv_temperature).exp() / st.t_sum
+    }
+}
+
+/// Block verification with one-hot drafts (SPEC §3 rule 5, closed form): the number of drafts
+/// kept, τ = max{ j : u_j ≤ h_j } (0 if none), mirroring `block_stop` in the WGSL.
+/// ρ_j = min(1, ρ_{j−1} p_j(d_j)) (q = 1 at the draft), R_j = ρ_j (1 − p_{j+1}(d_{j+1})),
+/// h_j = R_j / (R_j + 1 − ρ_j) (1 when the denominator is 0) for j < k, h_k = ρ_k.
+pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, row_stats: &[RowStats]) -> u32 {
+    let k = info.num_drafts;
+    let draft = |i: u32| plan.draft_ids[(info.draft_offset + i) as usize];
+    let st = |i: u32| &row_stats[(info.row_offset + i) as usize];
+    let mut rho = 1.0f32;
+    let mut tau = 0;
+    for j in 1..=k {
+        rho = (rho * p_at_draft(info, st(j - 1), draft(j - 1))).min(1.0);
+        let h = if j < k {
+            let r = rho * (1.0 - p_at_draft(info, st(j), draft(j)));
+            let den = r + 1.0 - rho;
+            if den > 0.0 {
+                r / den
+            } else {
+                1.0
+            }
+        } else {
+            rho
+        };
+        if accept_uniform(info, j - 1) <= h {
+            tau = j;
+        }
+    }
+    tau
+}
+
 /// Verifies request `r`: writes its accepted tokens, padding, num_emitted and status into
 /// `out_words` (layout `[tokens | num_emitted | status]`) and returns its residual task. The
 /// request stops at the first draft not accepted; the status describes that row.
@@ -124,18 +163,26 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
     let k = info.num_drafts;
     let greedy = info.flags & REQ_GREEDY != 0;
     let draft = |i: u32| plan.draft_ids[(info.draft_offset + i) as usize];
-    let stop = (0..k)
-        .find(|&i| {
-            !row_outcome(
-                plan,
-                info,
-                i,
-                &row_stats[(info.row_offset + i) as usize],
-                draft(i),
-            )
-            .accept
-        })
-        .unwrap_or(k);
+    // Block requests decide jointly unless a row is non-finite (then the standard rule, which
+    // stops at that row).
+    let any_nonfinite = (0..=k).any(|i| row_nonfinite(&row_stats[(info.row_offset + i) as usize]));
+    let block = info.flags & REQ_BLOCK != 0 && !any_nonfinite;
+    let stop = if block {
+        block_stop(plan, info, row_stats)
+    } else {
+        (0..k)
+            .find(|&i| {
+                !row_outcome(
+                    plan,
+                    info,
+                    i,
+                    &row_stats[(info.row_offset + i) as usize],
+                    draft(i),
+                )
+                .accept
+            })
+            .unwrap_or(k)
+    };
     for j in 0..plan.out_stride as u32 {
         let slot = (info.out_offset + j) as usize;
         if j < stop {
@@ -167,7 +214,16 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         final_token = st.t_arg as i32; // its logprob stays NaN
     } else if stop < k {
         let d = draft(stop);
-        let o = row_outcome(plan, info, stop, st, d);
+        let o = if block {
+            // The block decision already happened; the settling below only needs q usable.
+            Outcome {
+                accept: false,
+                nonfinite: false,
+                q_usable: true,
+            }
+        } else {
+            row_outcome(plan, info, stop, st, d)
+        };
         if !o.q_usable {
             status |= STATUS_DRAFT_NONFINITE;
         }
