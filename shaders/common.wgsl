@@ -76,9 +76,9 @@ struct ReqInfo {
     top_k: u32,            // keep the top_k largest logits, ties at the cut-off kept (0 = off)
     top_p: f32,            // then the smallest top set holding top_p of the mass (1 = off)
     log_min_p: f32,        // and tokens with (l - max) / T >= ln(min_p) (-inf = off)
+    typical_epsilon: f32,  // typical acceptance: accept iff p(d) > min(epsilon, delta exp(-H))
+    typical_delta: f32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 // Row statistics, per (row, chunk) and, after the merge, per row (48 bytes).
@@ -97,8 +97,8 @@ struct RowStats {
     q_at_d: f32,
     raw_max: f32,   // max / Σexp(l - max) of the raw row at T = 1, no cut-off (PARAM_RAW only):
     raw_sum: f32,   // the denominators of raw logprobs
+    t_ent: f32,     // Σ exp(z) z, z = (l - t_max) / T (typical acceptance): H = ln t_sum - t_ent / t_sum
     _pad0: u32,
-    _pad1: u32,
 }
 
 // What the residual pass must sample for a request (16 bytes).
@@ -131,6 +131,7 @@ const REQ_FILTER: u32 = 4u;
 const REQ_LOGPROBS: u32 = 8u;
 const REQ_RAW_LOGPROBS: u32 = 16u;
 const REQ_BLOCK: u32 = 32u;
+const REQ_TYPICAL: u32 = 64u;
 // Deliberate faults, only for negative controls of the statistical tests (never set by users).
 const REQ_FAULT_REJECT_ALL: u32 = 256u;
 const REQ_FAULT_SHARED_NOISE: u32 = 512u;
@@ -219,6 +220,17 @@ fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
         lp.y = (l - st.raw_max) - log(st.raw_sum);
     }
     return lp;
+}
+
+// The entropy numerator of one side of a merge, moved to max m_new: with d = (m - m_new) / T,
+// Σ exp(z + d)(z + d) = exp(d) (e + d s). A -inf side contributes nothing (used by row_stats
+// and by the chunk merge in verify).
+fn rescale_ent(m: f32, s: f32, e: f32, m_new: f32, inv_t: f32) -> f32 {
+    if (is_neg_inf(m)) {
+        return 0.0;
+    }
+    let d = (m - m_new) * inv_t;
+    return exp(d) * (e + d * s);
 }
 
 // ---------------------------------------------------------------------------------------------

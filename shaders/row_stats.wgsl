@@ -44,6 +44,7 @@ struct Acc {
     s: f32,
     a: u32,
     flags: u32,
+    e: f32, // Σ exp(z) z, z = (x - m) / T: the entropy numerator (typical acceptance only)
 }
 
 var<workgroup> sh_m: array<f32, CHUNK_LANES>;
@@ -54,9 +55,10 @@ var<workgroup> sh_qm: array<f32, CHUNK_LANES>;
 var<workgroup> sh_qs: array<f32, CHUNK_LANES>;
 var<workgroup> sh_wm: array<f32, CHUNK_LANES>;
 var<workgroup> sh_ws: array<f32, CHUNK_LANES>;
+var<workgroup> sh_e: array<f32, CHUNK_LANES>;
 
 fn acc_new() -> Acc {
-    return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u);
+    return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u, 0.0);
 }
 
 // Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
@@ -65,6 +67,15 @@ fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
         return 0.0;
     }
     return s * exp((m - m_new) * inv_t);
+}
+
+// exp(z) z for z = (x - m) / T, 0 for x = -inf.
+fn ent_term(x: f32, m: f32, inv_t: f32) -> f32 {
+    if (is_neg_inf(x)) {
+        return 0.0;
+    }
+    let z = (x - m) * inv_t;
+    return exp(z) * z;
 }
 
 // argmax merge: larger value wins, equal values go to the lower index.
@@ -142,7 +153,8 @@ fn term(x: f32, m: f32, inv_t: f32) -> f32 {
 // lowest index holding it and rescales the sum once; then the four terms exp((x - m) / T) are
 // added as (t0 + t1) + (t2 + t3). `with_sum` is false for greedy rows (max / argmax only).
 // One branch per group instead of one per entry keeps a warp's lanes together.
-fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32) -> Acc {
+// With `with_ent` (typical acceptance) the lane also keeps e = Σ exp(z) z, rescaled with the sum.
+fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc {
     var r = acc;
     var v = v_in;
     let ninf = bitcast<f32>(NEG_INF_BITS);
@@ -177,6 +189,9 @@ fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag
         if (v.x == m4) {
             a = y;
         }
+        if (with_ent) {
+            r.e = rescale_ent(r.m, r.s, r.e, m4, inv_t);
+        }
         if (with_sum) {
             r.s = rescale(r.m, r.s, m4, inv_t);
         }
@@ -185,6 +200,9 @@ fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag
     }
     if (with_sum && !is_neg_inf(r.m)) {
         r.s = r.s + ((term(v.x, r.m, inv_t) + term(v.y, r.m, inv_t)) + (term(v.z, r.m, inv_t) + term(v.w, r.m, inv_t)));
+    }
+    if (with_ent && !is_neg_inf(r.m)) {
+        r.e = r.e + ((ent_term(v.x, r.m, inv_t) + ent_term(v.y, r.m, inv_t)) + (ent_term(v.z, r.m, inv_t) + ent_term(v.w, r.m, inv_t)));
     }
     return r;
 }
@@ -204,6 +222,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let has_q_row = params.draft_kind == DRAFT_LOGITS && k_row < req.num_drafts && !greedy;
     let vec4_path = (params.flags & PARAM_VEC4) != 0u;
     let raw = (params.flags & PARAM_RAW) != 0u;
+    // The entropy numerator, only for rows of typical-acceptance requests.
+    let ent = (req.flags & REQ_TYPICAL) != 0u && with_sum;
     let t_base = params.t_elem_base + local_row * params.vocab;
     let d_row = info4.w;
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
@@ -238,23 +258,23 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             let a5 = load_target(t_base, y0 + 1280u, vec4_path);
             let a6 = load_target(t_base, y0 + 1536u, vec4_path);
             let a7 = load_target(t_base, y0 + 1792u, vec4_path);
-            t = push4(t, mask4(a0, cut), y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a4, cut), y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a5, cut), y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a6, cut), y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
-            t = push4(t, mask4(a7, cut), y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF);
+            t = push4(t, mask4(a0, cut), y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a4, cut), y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a5, cut), y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a6, cut), y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4(t, mask4(a7, cut), y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             if (raw) {
-                w = push4(w, a0, y0, 1.0, true, 0u, 0u);
-                w = push4(w, a1, y0 + 256u, 1.0, true, 0u, 0u);
-                w = push4(w, a2, y0 + 512u, 1.0, true, 0u, 0u);
-                w = push4(w, a3, y0 + 768u, 1.0, true, 0u, 0u);
-                w = push4(w, a4, y0 + 1024u, 1.0, true, 0u, 0u);
-                w = push4(w, a5, y0 + 1280u, 1.0, true, 0u, 0u);
-                w = push4(w, a6, y0 + 1536u, 1.0, true, 0u, 0u);
-                w = push4(w, a7, y0 + 1792u, 1.0, true, 0u, 0u);
+                w = push4(w, a0, y0, 1.0, true, 0u, 0u, false);
+                w = push4(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a4, y0 + 1024u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a5, y0 + 1280u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a6, y0 + 1536u, 1.0, true, 0u, 0u, false);
+                w = push4(w, a7, y0 + 1792u, 1.0, true, 0u, 0u, false);
             }
             if (has_q_row) {
                 let b0 = load_draft(d_base, y0, vec4_path);
@@ -265,14 +285,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 let b5 = load_draft(d_base, y0 + 1280u, vec4_path);
                 let b6 = load_draft(d_base, y0 + 1536u, vec4_path);
                 let b7 = load_draft(d_base, y0 + 1792u, vec4_path);
-                q = push4(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b4, dcut), y0 + 1024u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b5, dcut), y0 + 1280u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b6, dcut), y0 + 1536u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
-                q = push4(q, mask4(b7, dcut), y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF);
+                q = push4(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b4, dcut), y0 + 1024u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b5, dcut), y0 + 1280u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b6, dcut), y0 + 1536u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4(q, mask4(b7, dcut), y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
             }
         }
         sh_m[lane] = t.m;
@@ -283,11 +303,15 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         sh_qs[lane] = q.s;
         sh_wm[lane] = w.m;
         sh_ws[lane] = w.s;
+        sh_e[lane] = t.e;
         workgroupBarrier();
         for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
             if (lane < stride) {
                 let o = lane + stride;
                 let m_new = max(sh_m[lane], sh_m[o]);
+                if (ent) {
+                    sh_e[lane] = rescale_ent(sh_m[lane], sh_s[lane], sh_e[lane], m_new, inv_t) + rescale_ent(sh_m[o], sh_s[o], sh_e[o], m_new, inv_t);
+                }
                 if (with_sum) {
                     sh_s[lane] = rescale(sh_m[lane], sh_s[lane], m_new, inv_t) + rescale(sh_m[o], sh_s[o], m_new, inv_t);
                 }
@@ -321,6 +345,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             out.q_at_d = 0.0;
             out.raw_max = sh_wm[0];
             out.raw_sum = sh_ws[0];
+            out.t_ent = sh_e[0];
             // The values at the drafted token come from the one chunk that holds it.
             if (drafted >= 0 && u32(drafted) >= begin && u32(drafted) < begin + CHUNK) {
                 let dt = u32(drafted);

@@ -37,6 +37,8 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
     var acc = acc_in;
     let m_new = max(acc.t_max, o.t_max);
     if (with_sum) {
+        // (t_ent is 0 on rows that do not keep it, and stays 0 here.)
+        acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t) + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
         acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
     }
     if (o.t_max > acc.t_max || (o.t_max == acc.t_max && o.t_arg < acc.t_arg)) {
@@ -101,6 +103,14 @@ fn sanitize_prob(x: f32) -> f32 {
     return x;
 }
 
+// p(d) at a row from its statistics (0 for an invalid draft).
+fn p_at_draft(info: ReqInfo, st: RowStats, d: i32) -> f32 {
+    if (d < 0) {
+        return 0.0;
+    }
+    return exp((st.t_at_d - st.t_max) * info.inv_temperature) / st.t_sum;
+}
+
 // The decision at one draft row, from its statistics alone (rows are decided in parallel; the
 // request stops at the first row that does not accept).
 struct Outcome {
@@ -129,6 +139,11 @@ fn row_outcome(info: ReqInfo, i: u32, st: RowStats, d: i32) -> Outcome {
         o.accept = d >= 0 && u < rates[info.draft_offset + i];
     } else if (greedy) {
         o.accept = d >= 0 && u32(d) == st.t_arg;
+    } else if ((info.flags & REQ_TYPICAL) != 0u) {
+        // Typical acceptance (lossy): p(d) > min(epsilon, delta exp(-H)), H the entropy of p.
+        let h = log(st.t_sum) - st.t_ent / st.t_sum;
+        let threshold = min(info.typical_epsilon, info.typical_delta * exp(-h));
+        o.accept = d >= 0 && p_at_draft(info, st, d) > threshold;
     } else {
         var p_d = 0.0;
         if (d >= 0) {
@@ -161,14 +176,6 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
     let base = params.num_requests * params.out_stride + 2u * params.num_requests;
     out_words[base + slot] = bitcast<u32>(lp.x);
     out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
-}
-
-// p(d) at a row from its statistics (0 for an invalid draft).
-fn p_at_draft(info: ReqInfo, st: RowStats, d: i32) -> f32 {
-    if (d < 0) {
-        return 0.0;
-    }
-    return exp((st.t_at_d - st.t_max) * info.inv_temperature) / st.t_sum;
 }
 
 // Block verification with one-hot drafts (SPEC §3 rule 5, closed form): the number of drafts
@@ -282,7 +289,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (!o.q_usable) {
             status |= STATUS_DRAFT_NONFINITE;
         }
-        if (greedy) {
+        if (greedy || (info.flags & REQ_TYPICAL) != 0u) {
+            // Greedy, and typical acceptance's fallback: the argmax.
             final_token = i32(st.t_arg);
             put_logprobs(info.out_offset + stop, logprobs_of(info, st, st.t_max));
         } else if ((info.flags & REQ_FAULT_REJECT_ALL) != 0u || d < 0 || !o.q_usable) {

@@ -29,6 +29,12 @@ pub enum Rule {
     /// draft probabilities or logits is refused for block requests ([`Error::Unsupported`]).
     /// A request with a non-finite target row is verified by the standard rule instead.
     Block,
+    /// Typical acceptance (Medusa, Cai et al. 2024), **lossy and opt-in: it does not preserve
+    /// the target distribution**. Accept draft `d` iff
+    /// `p(d) > min(typical_epsilon, typical_delta · exp(−H(p)))`, `H` the entropy of the processed
+    /// `p`; at the first rejection emit the argmax of `p`; all accepted: the bonus is sampled from
+    /// `p`. The draft distribution, if given, is not used.
+    Typical,
 }
 
 /// Sampling parameters of one request.
@@ -79,6 +85,10 @@ pub struct SamplingParams {
     /// [`VerifyOutput::raw_logprobs`]. Costs one more `exp` per entry in the statistics pass.
     /// Default false.
     pub raw_logprobs: bool,
+    /// [`Rule::Typical`]'s ε (Medusa's posterior threshold), in (0, 1]. Default 0.09.
+    pub typical_epsilon: f32,
+    /// [`Rule::Typical`]'s δ (Medusa's posterior alpha), ≥ 0. Default 0.3.
+    pub typical_delta: f32,
 }
 
 impl Default for SamplingParams {
@@ -92,6 +102,8 @@ impl Default for SamplingParams {
             rule: Rule::Exact,
             logprobs: false,
             raw_logprobs: false,
+            typical_epsilon: 0.09,
+            typical_delta: 0.3,
         }
     }
 }
@@ -143,6 +155,18 @@ impl SamplingParams {
             return bad(format!(
                 "top_p = {} must be in (0, 1]; 1 turns it off",
                 self.top_p
+            ));
+        }
+        if self.rule == Rule::Typical
+            && !(self.typical_epsilon > 0.0
+                && self.typical_epsilon <= 1.0
+                && self.typical_delta >= 0.0
+                && self.typical_delta.is_finite())
+        {
+            return bad(format!(
+                "typical acceptance needs typical_epsilon in (0, 1] and a finite typical_delta \
+                 >= 0 (got {} and {})",
+                self.typical_epsilon, self.typical_delta
             ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
@@ -614,6 +638,9 @@ impl Plan {
             if req.params.rule == Rule::Block && !greedy {
                 flags |= REQ_BLOCK;
             }
+            if req.params.rule == Rule::Typical && !greedy {
+                flags |= REQ_TYPICAL;
+            }
             let filters = req.params.filters();
             if filters {
                 flags |= REQ_FILTER;
@@ -647,7 +674,9 @@ impl Plan {
                 } else {
                     f32::NEG_INFINITY
                 },
-                _pad: [0; 3],
+                typical_epsilon: req.params.typical_epsilon,
+                typical_delta: req.params.typical_delta,
+                _pad: [0; 1],
             });
             for i in 0..=req.num_drafts {
                 if i < req.num_drafts {

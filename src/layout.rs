@@ -24,6 +24,8 @@ pub const REQ_LOGPROBS: u32 = 8;
 pub const REQ_RAW_LOGPROBS: u32 = 16;
 /// `ReqInfo::flags`: block verification (SPEC §3 rule 5).
 pub const REQ_BLOCK: u32 = 32;
+/// `ReqInfo::flags`: typical acceptance (lossy; Medusa).
+pub const REQ_TYPICAL: u32 = 64;
 /// `ReqInfo::flags`: deliberate fault for negative controls: reject every draft, sample from p.
 pub const REQ_FAULT_REJECT_ALL: u32 = 256;
 /// `ReqInfo::flags`: deliberate fault for negative controls: residual noise from the accept stream.
@@ -133,7 +135,7 @@ pub const CHUNK_LANES: usize = 64;
 ///  0 row_offset   4 draft_offset   8 num_drafts  12 flags
 /// 16 inv_temperature 20 seed_lo   24 seed_hi     28 pos_lo
 /// 32 pos_hi      36 out_offset    40 top_k       44 top_p
-/// 48 log_min_p   52..64 padding
+/// 48 log_min_p   52 typical_epsilon 56 typical_delta 60 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
@@ -164,8 +166,12 @@ pub struct ReqInfo {
     pub top_p: f32,
     /// ln(min_p): keep tokens with (l − max) / T ≥ this; −inf = off.
     pub log_min_p: f32,
+    /// Typical acceptance ε (posterior threshold).
+    pub typical_epsilon: f32,
+    /// Typical acceptance δ (posterior alpha).
+    pub typical_delta: f32,
     /// Padding to 64 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 1],
 }
 
 impl ReqInfo {
@@ -183,7 +189,7 @@ impl ReqInfo {
 ///
 /// ```text
 ///  0 t_max  4 t_sum  8 t_arg  12 flags  16 t_at_d  20 q_max  24 q_sum  28 q_at_d
-/// 32 raw_max 36 raw_sum 40..48 padding
+/// 32 raw_max 36 raw_sum 40 t_ent 44 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
@@ -208,8 +214,11 @@ pub struct RowStats {
     pub raw_max: f32,
     /// Σ exp(l − raw_max) over the raw row at T = 1 (only with `PARAM_RAW`).
     pub raw_sum: f32,
+    /// Σ exp(z) z with z = (l − t_max) / T (typical acceptance rows only): the entropy is
+    /// `ln t_sum − t_ent / t_sum`.
+    pub t_ent: f32,
     /// Padding to 48 bytes.
-    pub _pad: [u32; 2],
+    pub _pad: [u32; 1],
 }
 
 /// What the residual pass samples for one request (`struct Task`, 16 bytes).

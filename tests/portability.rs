@@ -108,7 +108,12 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 3] = ["row_stats.block", "verify.main", "residual_argmax.merge"];
+const FIXED_64: [&str; 4] = [
+    "cutoff.main",
+    "row_stats.block",
+    "verify.main",
+    "residual_argmax.merge",
+];
 
 /// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
 fn resolve<'a>(

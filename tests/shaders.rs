@@ -107,13 +107,15 @@ fn params_structs_match_wgsl_layout() {
             out_offset,
             top_k,
             top_p,
-            log_min_p
+            log_min_p,
+            typical_epsilon,
+            typical_delta
         ]
     );
     check_layout!(
         RowStats,
         "RowStats",
-        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d, raw_max, raw_sum]
+        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d, raw_max, raw_sum, t_ent]
     );
     check_layout!(Task, "Task", [kind, local_row, draft_token, slot]);
     check_layout!(

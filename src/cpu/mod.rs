@@ -93,6 +93,7 @@ pub(crate) fn row_input<'a>(
         dcut,
         draft_is_logits: plan.draft_kind == DRAFT_LOGITS,
         raw: plan.logprob_flags() & PARAM_RAW != 0,
+        ent: info.flags & REQ_TYPICAL != 0,
     }
 }
 

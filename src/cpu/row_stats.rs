@@ -11,6 +11,8 @@ struct Acc {
     s: f32,
     a: u32,
     flags: u32,
+    /// Σ exp(z) z, z = (x − m) / T (typical acceptance rows only).
+    e: f32,
 }
 
 const ACC_NEW: Acc = Acc {
@@ -18,6 +20,7 @@ const ACC_NEW: Acc = Acc {
     s: 0.0,
     a: NO_INDEX,
     flags: 0,
+    e: 0.0,
 };
 
 /// `exp((x − m) / T)`, 0 for x = −inf.
@@ -30,9 +33,34 @@ fn term(x: f32, m: f32, inv_t: f32) -> f32 {
     }
 }
 
+/// The entropy numerator of one side of a merge moved to max `m_new` (`rescale_ent` in the
+/// WGSL): with d = (m − m_new) / T, exp(d) (e + d s); a −inf side contributes nothing.
+#[inline]
+pub(crate) fn rescale_ent(m: f32, s: f32, e: f32, m_new: f32, inv_t: f32) -> f32 {
+    if m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        let d = (m - m_new) * inv_t;
+        d.exp() * (e + d * s)
+    }
+}
+
+/// exp(z) z for z = (x − m) / T, 0 for x = −inf.
+#[inline]
+fn ent_term(x: f32, m: f32, inv_t: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        0.0
+    } else {
+        let z = (x - m) * inv_t;
+        z.exp() * z
+    }
+}
+
 /// Adds entries `y .. y+3` to a lane's state, exactly as `push4` in `shaders/row_stats.wgsl`:
 /// NaN counts as −inf (flagged), +inf is flagged, a new maximum takes the lowest index holding it
 /// and rescales the sum once, then the terms are added as `(t0 + t1) + (t2 + t3)`.
+// Eight arguments mirror the WGSL's push4 one for one (the twin reads like the kernel).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 fn push4(
     acc: &mut Acc,
@@ -42,6 +70,7 @@ fn push4(
     with_sum: bool,
     nan_flag: u32,
     inf_flag: u32,
+    with_ent: bool,
 ) {
     let mut v = v_in;
     for x in &mut v {
@@ -56,6 +85,9 @@ fn push4(
     let m4 = v[0].max(v[1]).max(v[2].max(v[3]));
     if m4 > acc.m {
         let a = v.iter().position(|&x| x == m4).unwrap_or(3) as u32;
+        if with_ent {
+            acc.e = rescale_ent(acc.m, acc.s, acc.e, m4, inv_t);
+        }
         if with_sum {
             acc.s = rescale(acc.m, acc.s, m4, inv_t);
         }
@@ -66,6 +98,11 @@ fn push4(
         let m = acc.m;
         acc.s += (term(v[0], m, inv_t) + term(v[1], m, inv_t))
             + (term(v[2], m, inv_t) + term(v[3], m, inv_t));
+    }
+    if with_ent && acc.m != f32::NEG_INFINITY {
+        let m = acc.m;
+        acc.e += (ent_term(v[0], m, inv_t) + ent_term(v[1], m, inv_t))
+            + (ent_term(v[2], m, inv_t) + ent_term(v[3], m, inv_t));
     }
 }
 
@@ -130,6 +167,8 @@ pub struct RowInput<'a> {
     pub draft_is_logits: bool,
     /// Also reduce the raw row (no cut-off, T = 1) for raw logprobs.
     pub raw: bool,
+    /// Keep the entropy numerator (typical acceptance rows).
+    pub ent: bool,
 }
 
 /// Statistics of chunk `chunk` of one row, in the order of the statistics contract: lane `l`
@@ -155,6 +194,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                     true,
                     0,
                     0,
+                    false,
                 );
             }
             if y0 < vocab {
@@ -166,6 +206,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                     with_sum,
                     ROW_T_NAN,
                     ROW_T_POSINF,
+                    input.ent && with_sum,
                 );
             }
             if let Some(draft) = input.draft_logits {
@@ -178,6 +219,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
                         true,
                         ROW_Q_NAN,
                         ROW_Q_POSINF,
+                        false,
                     );
                 }
             }
@@ -190,6 +232,10 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
             let o = lane + stride;
             let (a, b) = (t[lane], t[o]);
             let m_new = a.m.max(b.m);
+            if input.ent && with_sum {
+                t[lane].e = rescale_ent(a.m, a.s, a.e, m_new, inv_t)
+                    + rescale_ent(b.m, b.s, b.e, m_new, inv_t);
+            }
             if with_sum {
                 t[lane].s = rescale(a.m, a.s, m_new, inv_t) + rescale(b.m, b.s, m_new, inv_t);
             }
@@ -224,7 +270,8 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
         q_at_d: 0.0,
         raw_max: w[0].m,
         raw_sum: w[0].s,
-        _pad: [0; 2],
+        t_ent: t[0].e,
+        _pad: [0; 1],
     };
     if input.drafted >= 0 {
         let d = input.drafted as usize;
@@ -252,6 +299,8 @@ pub fn merge(chunks: &[RowStats], input: &RowInput<'_>) -> RowStats {
     for o in &chunks[1..] {
         let m_new = acc.t_max.max(o.t_max);
         if with_sum {
+            acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t)
+                + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
             acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t)
                 + rescale(o.t_max, o.t_sum, m_new, inv_t);
         }

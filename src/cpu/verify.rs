@@ -62,6 +62,11 @@ fn row_outcome(plan: &Plan, info: &ReqInfo, i: u32, st: &RowStats, d: i32) -> Ou
         d >= 0 && accept_uniform(info, i) < plan.rates[(info.draft_offset + i) as usize]
     } else if greedy {
         d >= 0 && d as u32 == st.t_arg
+    } else if info.flags & REQ_TYPICAL != 0 {
+        // Typical acceptance (lossy): p(d) > min(ε, δ exp(−H)), H the entropy of p.
+        let h = st.t_sum.ln() - st.t_ent / st.t_sum;
+        let threshold = info.typical_epsilon.min(info.typical_delta * (-h).exp());
+        d >= 0 && p_at_draft(info, st, d) > threshold
     } else {
         let p_d = if d >= 0 {
             ((st.t_at_d - st.t_max) * inv_t).exp() / st.t_sum
@@ -227,7 +232,8 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
         if !o.q_usable {
             status |= STATUS_DRAFT_NONFINITE;
         }
-        if greedy {
+        if greedy || info.flags & REQ_TYPICAL != 0 {
+            // Greedy, and typical acceptance's fallback: the argmax.
             final_token = st.t_arg as i32;
             let lp = logprobs_of(info, st, st.t_max);
             put_logprobs(plan, out_words, task.slot as usize, lp);
