@@ -87,6 +87,11 @@ pub struct BenchConfig {
     pub target_workgroups: u32,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
+    /// `top_p` of every non-greedy request (1.0: off); below 1 the cutoff pass runs.
+    pub top_p: f32,
+    /// Target logits as bfloat16 (values rounded to bf16 first, so the f32 twin sees the same
+    /// numbers); draft rows stay f32.
+    pub bf16: bool,
 }
 
 impl BenchConfig {
@@ -104,6 +109,8 @@ impl BenchConfig {
             baseline_vocab: 151_936,
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
+            top_p: 1.0,
+            bf16: false,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -120,6 +127,8 @@ impl BenchConfig {
             baseline_vocab: 32_000,
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
+            top_p: 1.0,
+            bf16: false,
         }
     }
 }
@@ -290,12 +299,12 @@ fn drafts_for(target: &[f32], v: usize, r: usize, k: usize, seed: u64) -> Vec<i3
     d
 }
 
-fn requests_for(mode: BenchMode, r: usize, k: u32) -> Vec<Request> {
+fn requests_for(mode: BenchMode, r: usize, k: u32, top_p: f32) -> Vec<Request> {
     let t = if mode == BenchMode::Greedy { 0.0 } else { 1.0 };
     (0..r)
         .map(|i| Request {
             num_drafts: k,
-            params: SamplingParams::seeded(t, 1000 + i as u64),
+            params: SamplingParams::seeded(t, 1000 + i as u64).with_top_p(top_p),
             position: 64 * i as u64,
         })
         .collect()
@@ -349,6 +358,12 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     ));
     let mut host_t = vec![0f32; t_len];
     fill_normal(&mut host_t, 1, 2.0);
+    if cfg.bf16 {
+        for x in &mut host_t {
+            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
+        }
+    }
+    let t_size = if cfg.bf16 { 2 } else { 4 };
     let mut host_d = vec![0f32; d_len];
     fill_normal(&mut host_d, 2, 2.0);
     let storage =
@@ -361,10 +376,17 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
             mapped_at_creation: false,
         })
     };
-    let t_buf = make("bench.target", t_len * 4);
+    let t_buf = make("bench.target", t_len * t_size);
     let d_buf = make("bench.draft_logits", d_len * 4);
     let p_buf = make("bench.draft_probs", d_len * 4);
-    queue.write_buffer(&t_buf, 0, bytemuck::cast_slice(&host_t));
+    if cfg.bf16 {
+        let bits: Vec<u16> = host_t.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(&bits).to_vec();
+        bytes.resize(bytes.len().next_multiple_of(4), 0);
+        queue.write_buffer(&t_buf, 0, &bytes);
+    } else {
+        queue.write_buffer(&t_buf, 0, bytemuck::cast_slice(&host_t));
+    }
     queue.write_buffer(&d_buf, 0, bytemuck::cast_slice(&host_d));
     queue.submit([]);
 
@@ -413,7 +435,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
                 );
                 for &mode in &cfg.modes {
-                    let requests = requests_for(mode, ru, k);
+                    let requests = requests_for(mode, ru, k, cfg.top_p);
                     let draft_host: Option<&[f32]> = match mode {
                         BenchMode::DraftProbs => {
                             softmax_rows(&host_d[..n_d], vu, &mut probs);
@@ -427,7 +449,11 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         vocab_size: v,
                         requests: &requests,
                         draft_token_ids: &drafts,
-                        target_logits: GpuRows::f32(&t_buf, 0),
+                        target_logits: GpuRows::f32(&t_buf, 0).with_dtype(if cfg.bf16 {
+                            crate::Dtype::Bf16
+                        } else {
+                            crate::Dtype::F32
+                        }),
                         draft: match mode {
                             BenchMode::DraftProbs => GpuDraft::Probs(GpuRows::f32(&p_buf, 0)),
                             BenchMode::DraftLogits => GpuDraft::Logits(GpuRows::f32(&d_buf, 0)),
@@ -495,7 +521,8 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     })?
                     .map(|m| [m[0], m[1], m[2], m[3]]);
                     let host_us = median(&mut host);
-                    let bytes = ((n_t + if mode.has_draft_rows() { n_d } else { 0 }) * 4) as u64;
+                    let bytes =
+                        (n_t * t_size + if mode.has_draft_rows() { n_d * 4 } else { 0 }) as u64;
                     let row = BenchRow {
                         mode,
                         batch: r,
@@ -546,7 +573,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                 ku,
                 u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
             );
-            let requests = requests_for(mode, ru, k);
+            let requests = requests_for(mode, ru, k, cfg.top_p);
             if mode == BenchMode::DraftProbs {
                 softmax_rows(&host_d[..n_d], vu, &mut probs);
                 queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
@@ -855,7 +882,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
                 );
                 for &mode in &cfg.modes {
-                    let requests = requests_for(mode, ru, k);
+                    let requests = requests_for(mode, ru, k, cfg.top_p);
                     if mode == BenchMode::DraftProbs {
                         softmax_rows(&host_d[..n_d], vu, &mut probs);
                     }
@@ -1235,6 +1262,8 @@ Options:
   --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
   --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
+  --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
+  --bf16              target logits as bfloat16 (draft rows stay f32)
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
@@ -1270,6 +1299,12 @@ pub fn main_with_args(args: &[String]) -> i32 {
                 "--cpu" => cpu = true,
                 "--no-baseline" => cfg.baseline_reps = 0,
                 "--portable" => cfg.shader_int64 = false,
+                "--bf16" => cfg.bf16 = true,
+                "--top-p" => {
+                    cfg.top_p = value()?
+                        .parse()
+                        .map_err(|_| "--top-p needs a number in (0, 1]".to_string())?
+                }
                 "--reps" => {
                     cfg.reps = value()?
                         .parse()
