@@ -38,6 +38,12 @@ fn d_elem(i: u32) -> f32 {
     return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
 }
 
+// Pipeline specialisations (override constants, so a pipeline without them carries none of
+// their code or registers): RAW_SUMS also reduces the raw rows (raw logprobs; the batch sets
+// PARAM_RAW), ENTROPY keeps Σ exp(z) z for typical-acceptance rows.
+override RAW_SUMS: bool = false;
+override ENTROPY: bool = false;
+
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {
     m: f32,
@@ -221,9 +227,9 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     // Draft logits are reduced alongside the target row when the row scores a draft.
     let has_q_row = params.draft_kind == DRAFT_LOGITS && k_row < req.num_drafts && !greedy;
     let vec4_path = (params.flags & PARAM_VEC4) != 0u;
-    let raw = (params.flags & PARAM_RAW) != 0u;
+    let raw = RAW_SUMS;
     // The entropy numerator, only for rows of typical-acceptance requests.
-    let ent = (req.flags & REQ_TYPICAL) != 0u && with_sum;
+    let ent = ENTROPY && (req.flags & REQ_TYPICAL) != 0u && with_sum;
     let t_base = params.t_elem_base + local_row * params.vocab;
     let d_row = info4.w;
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;

@@ -96,12 +96,34 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
     Ok(l)
 }
 
-/// A pipeline cache key: kernel, entry point, workgroup size (the `WG` override).
+/// A pipeline cache key: kernel, entry point, workgroup size (the `WG` override) and the
+/// kernel's feature overrides (`SPECIAL_*` bits: row_stats' raw sums and entropy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PipelineKey {
     kernel: Kernel,
     entry: &'static str,
     wg: u32,
+    special: u32,
+}
+
+/// row_stats specialisation: also sum the raw rows (raw logprobs).
+const SPECIAL_RAW: u32 = 1;
+/// row_stats specialisation: also keep the entropy numerator (typical acceptance).
+const SPECIAL_ENTROPY: u32 = 2;
+
+/// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
+/// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
+/// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
+fn specials(kernel: Kernel) -> &'static [u32] {
+    match kernel {
+        Kernel::RowStats => &[
+            0,
+            SPECIAL_RAW,
+            SPECIAL_ENTROPY,
+            SPECIAL_RAW | SPECIAL_ENTROPY,
+        ],
+        _ => &[0],
+    }
 }
 
 /// A buffer that grows (to the next power of two) when a batch needs more.
@@ -429,8 +451,16 @@ impl GpuBackend {
                     bind_group_layouts: &[Some(&bgl)],
                     immediate_size: 0,
                 });
-                for &entry in kernel.entry_points() {
-                    let constants = [("WG", f64::from(wg))];
+                for (&entry, &special) in kernel
+                    .entry_points()
+                    .iter()
+                    .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
+                {
+                    let mut constants = vec![("WG", f64::from(wg))];
+                    if kernel == Kernel::RowStats {
+                        constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
+                        constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+                    }
                     let pipeline =
                         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                             label: Some(&format!("{label}.{entry}")),
@@ -443,7 +473,15 @@ impl GpuBackend {
                             },
                             cache: None,
                         });
-                    pipelines.insert(PipelineKey { kernel, entry, wg }, pipeline);
+                    pipelines.insert(
+                        PipelineKey {
+                            kernel,
+                            entry,
+                            wg,
+                            special,
+                        },
+                        pipeline,
+                    );
                 }
                 layouts.insert(kernel, bgl);
             }
@@ -503,10 +541,20 @@ impl GpuBackend {
     }
 
     fn pipeline(&self, kernel: Kernel, entry: &'static str) -> &wgpu::ComputePipeline {
+        self.special_pipeline(kernel, entry, 0)
+    }
+
+    fn special_pipeline(
+        &self,
+        kernel: Kernel,
+        entry: &'static str,
+        special: u32,
+    ) -> &wgpu::ComputePipeline {
         &self.pipelines[&PipelineKey {
             kernel,
             entry,
             wg: self.wg,
+            special,
         }]
     }
 
@@ -666,6 +714,15 @@ impl GpuBackend {
         ws.candidates
             .ensure(dev, n as u64 * u64::from(num_blocks) * 32);
         let filters = plan.filters();
+        let special = if plan.logprob_flags() & PARAM_RAW != 0 {
+            SPECIAL_RAW
+        } else {
+            0
+        } | if plan.reqs.iter().any(|r| r.flags & REQ_TYPICAL != 0) {
+            SPECIAL_ENTROPY
+        } else {
+            0
+        };
         ws.cutoffs
             .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
         let out_words = plan.out_words();
@@ -846,7 +903,7 @@ impl GpuBackend {
                             pass.dispatch_workgroups(1, (w.row_end - w.row_begin) as u32, 1);
                         }
                     }
-                    pass.set_pipeline(self.pipeline(Kernel::RowStats, "block"));
+                    pass.set_pipeline(self.special_pipeline(Kernel::RowStats, "block", special));
                     for (i, w) in windows.iter().enumerate() {
                         pass.set_bind_group(0, &stats_groups[i], &[(i as u64 * slot_size) as u32]);
                         pass.dispatch_workgroups(stats_blocks, (w.row_end - w.row_begin) as u32, 1);
