@@ -11,8 +11,8 @@
 //! [--layers N] [--rope pairs|halves] [--q8]`. MODEL is `smollm2`, `qwen-0.5b`, `qwen-1.5b` or a path to
 //! a GGUF file. `--chat` wraps the prompt in the ChatML template both model families use.
 //! `--layers N` decodes with the layer-skip draft (first N blocks). `--rope` overrides the rope
-//! pairing (to check which one a file needs). `--q8` re-quantizes Q4_1 matrices to Q8_0 at load
-//! (`LoadOptions::requantize_q4_1`: SmolLM2 runs faster on candle's SIMD Q8_0 kernel).
+//! pairing (to check which one a file needs). `--q8` re-quantizes Q4_1/Q5_0/Q5_1 matrices to Q8_0
+//! at load (`LoadOptions::requantize_to_q8_0`: candle's Q8_0 kernel is SIMD, those are scalar).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,7 +47,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
             "--chat" => chat = true,
-            "--q8" => load.requantize_q4_1 = true,
+            "--q8" => load.requantize_to_q8_0 = true,
             "--tokens" => options.max_new_tokens = value("--tokens")?.parse()?,
             "--temperature" => options.temperature = value("--temperature")?.parse()?,
             "--seed" => options.seed = value("--seed")?.parse()?,
