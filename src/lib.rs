@@ -8,7 +8,8 @@
 //! token to emit next, so that the emitted text is distributed exactly as if the target had
 //! sampled it token by token (greedy, rejection sampling with draft probabilities, draft logits or
 //! one-hot drafts, synthetic rates). See `SPEC.md` of the project for the formulas and README.md
-//! for the API tour.
+//! for the API tour. [`spec`] builds the rest of a speculative decoder around the verifier:
+//! n-gram and draft-model proposers, the scorer, and the decode loop with its metrics.
 //!
 //! ```no_run
 //! use specdec::{Draft, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
@@ -45,6 +46,7 @@ pub mod models;
 pub mod rng;
 pub mod selftest;
 pub mod shaders;
+pub mod spec;
 pub mod stats;
 pub mod synthetic;
 mod verifier;

@@ -129,3 +129,30 @@ pub fn validate_variant(
         })
         .collect()
 }
+
+/// `shaders/gather_rows.wgsl`: copies rows by an index list (the scorer's contraction of
+/// batch-expanded logits, [`crate::spec::GatherRows`]). It follows [`COMMON`] like every kernel,
+/// but it is not a [`Kernel`] variant: the verifier's backend builds a pipeline and matches a
+/// bind group layout for every [`Kernel`], while this kernel belongs to `spec`, which builds its
+/// own pipeline. [`validate_gather_rows`] gives it the same naga check as [`validate_all`].
+pub const GATHER_ROWS: &str = include_str!("../shaders/gather_rows.wgsl");
+
+/// The full source of `gather_rows` handed to the device: common declarations, the portable
+/// `mulhi32`, then the kernel (entry point `main`, workgroup size from the `WG` override).
+pub fn gather_rows_source() -> String {
+    format!("{COMMON}\n{MULHI_U32}\n{GATHER_ROWS}")
+}
+
+/// Parses and validates `gather_rows` with naga (no GPU needed).
+pub fn validate_gather_rows() -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+    let src = gather_rows_source();
+    let module = naga::front::wgsl::parse_str(&src)
+        .map_err(|e| format!("gather_rows.wgsl: {}", e.emit_to_string(&src)))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("gather_rows.wgsl: {}", e.emit_to_string(&src)))?;
+    Ok((module, info))
+}

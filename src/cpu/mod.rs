@@ -2,6 +2,7 @@
 //! machines without a GPU driver and the oracle of the GPU tests. Work is split over threads by
 //! rows; the result does not depend on the thread count.
 
+pub mod gather_rows;
 pub mod residual_argmax;
 pub mod row_stats;
 pub mod verify;
