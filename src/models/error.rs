@@ -73,6 +73,13 @@ pub enum ModelError {
     },
     /// `forward` was called with no tokens.
     EmptyInput,
+    /// `forward_last` was asked for no rows or more rows than tokens.
+    BadRowCount {
+        /// Rows asked for.
+        rows: usize,
+        /// Tokens appended.
+        tokens: usize,
+    },
     /// A layer-skip draft asked for no layers or more layers than the model has.
     BadLayerCount {
         /// Asked for.
@@ -126,6 +133,10 @@ impl fmt::Display for ModelError {
                 "cannot truncate to {requested} tokens: the sequence holds only {len}"
             ),
             Self::EmptyInput => write!(f, "forward needs at least one token"),
+            Self::BadRowCount { rows, tokens } => write!(
+                f,
+                "forward_last: asked for {rows} rows of {tokens} tokens; ask for 1..={tokens}"
+            ),
             Self::BadLayerCount {
                 requested,
                 available,

@@ -60,7 +60,6 @@ pub fn generate(
     prompt: &[u32],
     options: &GenerateOptions,
 ) -> Result<Generation, ModelError> {
-    let vocab = model.vocab_size();
     let mut tokens = Vec::new();
     if options.max_new_tokens == 0 {
         return Ok(Generation {
@@ -70,9 +69,9 @@ pub fn generate(
         });
     }
     let started = Instant::now();
-    let logits = model.forward(prompt)?;
-    let last = &logits[logits.len() - vocab..];
-    let mut next = pick(last, options, model.len() as u64);
+    // Only the last row is needed: skip the output head on the rest of the prompt.
+    let logits = model.forward_last(prompt, 1)?;
+    let mut next = pick(&logits, options, model.len() as u64);
     let prefill = started.elapsed();
     let started = Instant::now();
     loop {

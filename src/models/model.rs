@@ -118,14 +118,27 @@ impl Model {
     /// after `tokens[i]`. All rows are returned because a verifier scores `k` drafts and the
     /// bonus position in one call.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let logits = self.forward_tensor(tokens)?;
+        self.forward_last(tokens, tokens.len())
+    }
+
+    /// Like [`Model::forward`] but returns only the last `rows` rows (`1 ≤ rows ≤
+    /// tokens.len()`), `[rows × vocab_size()]`: the output head, the largest matrix of a small
+    /// model, runs on those rows only, which makes a long prefill much cheaper.
+    pub fn forward_last(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        if rows == 0 || rows > tokens.len() {
+            return Err(ModelError::BadRowCount {
+                rows,
+                tokens: tokens.len(),
+            });
+        }
+        let logits = self.forward_tensor(tokens, rows)?;
         logits
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
             .ctx("reading the logits back")
     }
 
-    fn forward_tensor(&mut self, tokens: &[u32]) -> Result<Tensor, ModelError> {
+    fn forward_tensor(&mut self, tokens: &[u32], rows: usize) -> Result<Tensor, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
@@ -201,6 +214,9 @@ impl Model {
             x = (x + down).ctx("adding the MLP residual")?;
             new_cache.push(LayerCache { k, v });
         }
+        let x = x
+            .narrow(0, t - rows, rows)
+            .ctx("selecting the rows to score")?;
         let x = rms_norm(&x, &w.output_norm, cfg.rms_eps)?;
         let logits = w.output.forward_q(&x)?;
         // Commit the cache only after every step succeeded, so an error leaves the sequence as
