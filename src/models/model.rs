@@ -125,6 +125,9 @@ impl Model {
     /// tokens.len()`), `[rows × vocab_size()]`: the output head, the largest matrix of a small
     /// model, runs on those rows only, which makes a long prefill much cheaper.
     pub fn forward_last(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
         if rows == 0 || rows > tokens.len() {
             return Err(ModelError::BadRowCount {
                 rows,
