@@ -171,13 +171,14 @@ impl Model {
         let (cos, sin) = rope_tables(start, t, hd, cfg.rope_theta, &w.device)?;
         let mask = causal_mask(start, t, group, &w.device)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        let rbr = w.split_invariant;
 
         let mut new_cache = Vec::with_capacity(self.layers);
         for (i, b) in w.blocks[..self.layers].iter().enumerate() {
             let h = rms_norm(&x, &b.attn_norm, cfg.rms_eps)?;
-            let q = linear(&b.q, &h)?;
-            let k = linear(&b.k, &h)?;
-            let v = linear(&b.v, &h)?;
+            let q = linear(&b.q, &h, rbr)?;
+            let k = linear(&b.k, &h, rbr)?;
+            let v = linear(&b.v, &h, rbr)?;
             // [t, heads·hd] → [heads, t, hd]
             let split = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
                 x.reshape((t, n, hd))?.transpose(0, 1)?.contiguous()
@@ -196,24 +197,28 @@ impl Model {
             };
             // Grouped-query attention without copying K/V per query head: query head
             // `kv·group + g` reads kv head `kv`, so the `group` query heads of one kv head are
-            // stacked as `group·t` rows against that head's keys.
-            let attn = (|| {
-                let q = q.reshape((kv_heads, group * t, hd))?;
-                let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
-                let probs = softmax_last(&scores)?;
-                let o = probs.matmul(&v)?; // [kv, group·t, hd]
-                o.reshape((heads, t, hd))?
-                    .transpose(0, 1)?
-                    .reshape((t, heads * hd))
-            })()
+            // stacked as rows against that head's keys.
+            let attn = if rbr && t > 1 {
+                attention_per_position(&q, &k, &v, start, kv_heads, group, scale)
+            } else {
+                (|| {
+                    let q = q.reshape((kv_heads, group * t, hd))?;
+                    let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
+                    let probs = softmax_last(&scores)?;
+                    let o = probs.matmul(&v)?; // [kv, group·t, hd]
+                    o.reshape((heads, t, hd))?
+                        .transpose(0, 1)?
+                        .reshape((t, heads * hd))
+                })()
+            }
             .ctx("running attention")?;
-            let attn = linear(&b.o, &attn)?;
+            let attn = linear(&b.o, &attn, rbr)?;
             x = (x + attn).ctx("adding the attention residual")?;
             let h = rms_norm(&x, &b.ffn_norm, cfg.rms_eps)?;
-            let gate = linear(&b.gate, &h)?;
-            let up = linear(&b.up, &h)?;
+            let gate = linear(&b.gate, &h, rbr)?;
+            let up = linear(&b.up, &h, rbr)?;
             let act = (gate.silu().ctx("SwiGLU activation")? * up).ctx("SwiGLU product")?;
-            let down = linear(&b.down, &act)?;
+            let down = linear(&b.down, &act, rbr)?;
             x = (x + down).ctx("adding the MLP residual")?;
             new_cache.push(LayerCache { k, v });
         }
@@ -221,7 +226,7 @@ impl Model {
             .narrow(0, t - rows, rows)
             .ctx("selecting the rows to score")?;
         let x = rms_norm(&x, &w.output_norm, cfg.rms_eps)?;
-        let logits = w.output.forward_q(&x)?;
+        let logits = qmatmul(&w.output, &x, rbr)?;
         // Commit the cache only after every step succeeded, so an error leaves the sequence as
         // it was.
         self.cache = new_cache;
@@ -241,8 +246,55 @@ impl ForwardQ for candle_core::quantized::QMatMul {
     }
 }
 
-fn linear(l: &Linear, x: &Tensor) -> Result<Tensor, ModelError> {
-    let y = l.weight.forward_q(x)?;
+/// Attention for each new position on its own, with exactly the shapes of a one-token forward at
+/// that position (`group` query rows against the `position + 1` cached keys, copied contiguous),
+/// so the float summation order, and hence every bit of the result, does not depend on how many
+/// tokens were fed together. Why it matters: quantized matmuls round their input to 8 bits, so a
+/// last-bit difference here can flip a rounding and grow through the layers (measured on Qwen
+/// 0.5B: logits 0.3–0.6 apart without this).
+fn attention_per_position(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    kv_heads: usize,
+    group: usize,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (heads, t, hd) = q.dims3()?;
+    let mut rows = Vec::with_capacity(t);
+    for i in 0..t {
+        let len = start + i + 1;
+        let qi = q
+            .narrow(1, i, 1)?
+            .contiguous()?
+            .reshape((kv_heads, group, hd))?;
+        let ki = k.narrow(1, 0, len)?.contiguous()?;
+        let vi = v.narrow(1, 0, len)?.contiguous()?;
+        let probs = softmax_last(&(qi.matmul(&ki.t()?)? * scale)?)?;
+        rows.push(probs.matmul(&vi)?.reshape((1, heads * hd))?);
+    }
+    Tensor::cat(&rows, 0)
+}
+
+/// `x · wᵀ`, one row at a time when `row_by_row` (see `LoadOptions::split_invariant`).
+fn qmatmul(
+    w: &candle_core::quantized::QMatMul,
+    x: &Tensor,
+    row_by_row: bool,
+) -> Result<Tensor, ModelError> {
+    let rows = x.dim(0).ctx("reading the row count")?;
+    if !row_by_row || rows == 1 {
+        return w.forward_q(x);
+    }
+    let parts = (0..rows)
+        .map(|i| w.forward_q(&x.narrow(0, i, 1).ctx("selecting a row")?))
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::cat(&parts, 0).ctx("joining matmul rows")
+}
+
+fn linear(l: &Linear, x: &Tensor, row_by_row: bool) -> Result<Tensor, ModelError> {
+    let y = qmatmul(&l.weight, x, row_by_row)?;
     match &l.bias {
         Some(b) => y.broadcast_add(b).ctx("adding a bias"),
         None => Ok(y),

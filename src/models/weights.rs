@@ -70,7 +70,7 @@ pub struct Config {
 }
 
 /// Options for [`Weights::load_with`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Override the rope pairing the architecture implies (for experiments only).
     pub rope_style: Option<RopeStyle>,
@@ -80,6 +80,24 @@ pub struct LoadOptions {
     /// the weight memory. The Q8_0 rounding of the stored values changes the logits slightly
     /// (the README gives the measured effect), so it is off by default.
     pub requantize_to_q8_0: bool,
+    /// Run every quantized matmul one row (token) at a time, so a position's logits do not
+    /// depend on how many tokens were fed with it (default: on). candle 0.11 picks a different
+    /// x86 kernel for Q6_K when a call has more than one row (repacked tiles), which moves Qwen
+    /// 0.5B's logits by up to ~0.4 between a whole-prompt forward and token-by-token decoding
+    /// (measured; with all weights dequantized to f32 the two agree to 2e-5). A verifier scores
+    /// `k + 1` rows at once, so without this its target would differ slightly from the same model
+    /// decoding alone. Off: faster prefill.
+    pub split_invariant: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            rope_style: None,
+            requantize_to_q8_0: false,
+            split_invariant: true,
+        }
+    }
 }
 
 /// A linear layer: a quantized weight and, for Qwen2's q/k/v, an f32 bias.
@@ -117,6 +135,8 @@ pub struct Weights {
     pub(crate) output: QMatMul,
     pub(crate) tokenizer: Tokenizer,
     pub(crate) device: Device,
+    /// [`LoadOptions::split_invariant`].
+    pub(crate) split_invariant: bool,
     path: PathBuf,
 }
 
@@ -308,6 +328,7 @@ impl Weights {
             output,
             tokenizer,
             device,
+            split_invariant: options.split_invariant,
             path,
         }))
     }
