@@ -41,6 +41,8 @@ pub mod device;
 mod error;
 mod gpu;
 pub mod layout;
+#[cfg(feature = "candle")]
+pub mod models;
 pub mod rng;
 pub mod selftest;
 pub mod shaders;

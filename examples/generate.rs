@@ -1,0 +1,133 @@
+//! Plain decoding with one real model: the sanity check of the forward pass and the baseline
+//! speed that speculative decoding is compared against.
+//!
+//! ```text
+//! examples/fetch-models.sh smollm2
+//! cargo run --release --features candle --example generate -- smollm2 "def fibonacci(n):"
+//! cargo run --release --features candle --example generate -- qwen-1.5b --chat "Write a Python function that reverses a string."
+//! ```
+//!
+//! Arguments: `MODEL [PROMPT] [--chat] [--tokens N] [--temperature T] [--seed S]
+//! [--layers N] [--rope pairs|halves] [--q8]`. MODEL is `smollm2`, `qwen-0.5b`, `qwen-1.5b` or a path to
+//! a GGUF file. `--chat` wraps the prompt in the ChatML template both model families use.
+//! `--layers N` decodes with the layer-skip draft (first N blocks). `--rope` overrides the rope
+//! pairing (to check which one a file needs). `--q8` re-quantizes Q4_1/Q5_0/Q5_1 matrices to Q8_0
+//! at load (`LoadOptions::requantize_to_q8_0`: candle's Q8_0 kernel is SIMD, those are scalar).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use specdec::models::{
+    generate, models_dir, GenerateOptions, LoadOptions, Model, RopeStyle, Weights, QWEN_0_5B_FILE,
+    QWEN_1_5B_FILE, SMOLLM2_FILE,
+};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("generate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mut model_arg = None;
+    let mut prompt = None;
+    let mut chat = false;
+    let mut options = GenerateOptions {
+        max_new_tokens: 64,
+        ..GenerateOptions::default()
+    };
+    let mut layers = None;
+    let mut load = LoadOptions::default();
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--chat" => chat = true,
+            "--q8" => load.requantize_to_q8_0 = true,
+            "--tokens" => options.max_new_tokens = value("--tokens")?.parse()?,
+            "--temperature" => options.temperature = value("--temperature")?.parse()?,
+            "--seed" => options.seed = value("--seed")?.parse()?,
+            "--layers" => layers = Some(value("--layers")?.parse::<usize>()?),
+            "--rope" => {
+                load.rope_style = Some(match value("--rope")?.as_str() {
+                    "pairs" => RopeStyle::AdjacentPairs,
+                    "halves" => RopeStyle::RotateHalves,
+                    other => return Err(format!("--rope pairs|halves, not {other}").into()),
+                })
+            }
+            _ if a.starts_with("--") => return Err(format!("unknown option {a}").into()),
+            _ if model_arg.is_none() => model_arg = Some(a),
+            _ if prompt.is_none() => prompt = Some(a),
+            _ => return Err(format!("unexpected argument {a}").into()),
+        }
+    }
+    let model_arg = model_arg.ok_or(
+        "usage: generate MODEL [PROMPT] [--chat] [--tokens N] [--temperature T] [--seed S] \
+         [--layers N] [--rope pairs|halves] [--q8]; MODEL: smollm2 | qwen-0.5b | qwen-1.5b | FILE.gguf",
+    )?;
+    let path = match model_arg.as_str() {
+        "smollm2" => models_dir().join(SMOLLM2_FILE),
+        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
+        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
+        other => PathBuf::from(other),
+    };
+    let prompt = prompt.unwrap_or_else(|| "def fibonacci(n):".to_string());
+
+    let started = std::time::Instant::now();
+    let weights = Weights::load_with(&path, &load)?;
+    let cfg = weights.config();
+    println!(
+        "{}: {:?}, {} layers, width {}, {} heads / {} kv, vocab {}, rope {:?}, loaded in {:.2} s",
+        path.display(),
+        cfg.architecture,
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.vocab_size,
+        cfg.rope_style,
+        started.elapsed().as_secs_f64()
+    );
+    let tok = weights.tokenizer();
+    let text = if chat {
+        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+    } else {
+        prompt.clone()
+    };
+    let ids = tok.encode(&text);
+    options.stop_tokens.extend(tok.eos_token());
+    options.stop_tokens.extend(tok.token_id("<|im_end|>"));
+    options.stop_tokens.extend(tok.token_id("<|endoftext|>"));
+    let mut model = match layers {
+        Some(n) => Model::layer_skip(weights.clone(), n)?,
+        None => Model::new(weights.clone()),
+    };
+    println!(
+        "prompt: {} tokens, {} layers run",
+        ids.len(),
+        model.layers()
+    );
+    let out = generate(&mut model, &ids, &options)?;
+    println!("----");
+    println!(
+        "{}{}",
+        if chat { "" } else { &prompt },
+        tok.decode(&out.tokens)
+    );
+    println!("----");
+    println!(
+        "{} new tokens; prefill {} tokens in {:.3} s ({:.1} tokens/s); decode {:.2} tokens/s \
+         ({} threads)",
+        out.tokens.len(),
+        ids.len(),
+        out.prefill.as_secs_f64(),
+        ids.len() as f64 / out.prefill.as_secs_f64(),
+        out.decode_tokens_per_s().unwrap_or(f64::NAN),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! Real models for the target and draft side of speculative decoding (feature `candle`).
+//!
+//! A small llama-family forward pass over GGUF weights, on the CPU through candle-core's
+//! quantized matmul. It exists because a verifier needs what ready-made inference modules do not
+//! give: the logits of **every** appended position (the `k` drafts and the bonus row in one call)
+//! and a KV cache that can be **truncated** after a rejection.
+//!
+//! - [`Weights`]: one GGUF file (llama: SmolLM2; qwen2: Qwen2.5-Coder), shared by `Arc`.
+//! - [`Model`]: one sequence over shared weights: `forward`, `truncate`, `len`, `vocab_size`;
+//!   [`Model::layer_skip`] makes a self-speculation draft from the first layers.
+//! - [`Tokenizer`]: byte-level BPE from the GGUF metadata.
+//! - [`generate`]: plain greedy or sampled decoding, the baseline.
+//! - [`GreedyDraft`] and `impl SequenceModel for Model`: the glue to [`crate::spec`]'s
+//!   `SpecDecoder` (target: `Sequences<Model>`, draft: `DraftModelProposer<GreedyDraft>`).
+//!
+//! ```no_run
+//! use specdec::models::{Model, Weights};
+//! let weights = Weights::load("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let mut target = Model::new(weights.clone());
+//! let mut draft = Model::layer_skip(weights.clone(), 10)?;
+//! let prompt = weights.tokenizer().encode("def fib(n):");
+//! let logits = target.forward(&prompt)?; // prompt.len() rows of vocab_size() logits
+//! assert_eq!(logits.len(), prompt.len() * target.vocab_size());
+//! target.truncate(prompt.len() - 1)?; // roll the last position back
+//! # let _ = draft.forward(&prompt)?;
+//! # Ok::<(), specdec::models::ModelError>(())
+//! ```
+//!
+//! Weights are fetched by `examples/fetch-models.sh` into
+//! `${SPECDEC_MODELS:-$HOME/.cache/specdec/models}`; [`models_dir`] and [`SMOLLM2_FILE`] etc.
+//! name them.
+
+mod error;
+mod generate;
+mod model;
+mod spec;
+mod tokenizer;
+mod weights;
+
+use std::path::PathBuf;
+
+pub use error::ModelError;
+pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
+pub use model::Model;
+pub use spec::GreedyDraft;
+pub use tokenizer::{PreTokenizer, Tokenizer};
+pub use weights::{Architecture, Config, LoadOptions, RopeStyle, Weights};
+
+/// File name of SmolLM2-135M-Instruct (Q4_1) in the models directory.
+pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// File name of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the draft of the 1.5B.
+pub const QWEN_0_5B_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+/// File name of Qwen2.5-Coder-1.5B-Instruct (Q4_K_M).
+pub const QWEN_1_5B_FILE: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+
+/// The directory `examples/fetch-models.sh` fills: `$SPECDEC_MODELS`, else
+/// `$HOME/.cache/specdec/models`.
+pub fn models_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPECDEC_MODELS").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/specdec/models")
+}

@@ -1,0 +1,397 @@
+//! One sequence's forward pass: logits for every appended position, a KV cache that can be
+//! truncated after a rejection.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor, D};
+
+use super::error::{CandleContext, ModelError};
+use super::weights::{Linear, RopeStyle, Weights};
+
+/// One layer's cached keys and values, `[kv_heads, len, head_dim]` each.
+#[derive(Clone, Debug)]
+struct LayerCache {
+    k: Tensor,
+    v: Tensor,
+}
+
+/// A sequence being decoded: shared [`Weights`], a layer count, and its own KV cache.
+///
+/// `forward` appends tokens and returns their logits; `truncate` drops the tail of the cache, so a
+/// verifier can score `k` drafts plus a bonus position in one call and roll back the rejected
+/// ones. Cloning is cheap (tensors are reference counted) and forks the sequence: the clone
+/// shares the cached prefix and diverges on its next `forward`.
+#[derive(Clone, Debug)]
+pub struct Model {
+    weights: Arc<Weights>,
+    layers: usize,
+    cache: Vec<LayerCache>,
+    len: usize,
+}
+
+impl Model {
+    /// A fresh, empty sequence using every layer.
+    pub fn new(weights: Arc<Weights>) -> Model {
+        let layers = weights.config.layers;
+        Model {
+            weights,
+            layers,
+            cache: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// A layer-skip self-speculation draft: the first `layers` blocks of the same weights, then
+    /// the final norm and the output head. It shares the weights (no copy) and keeps its own
+    /// cache, so it drafts while the full model verifies.
+    pub fn layer_skip(weights: Arc<Weights>, layers: usize) -> Result<Model, ModelError> {
+        let available = weights.config.layers;
+        if layers == 0 || layers > available {
+            return Err(ModelError::BadLayerCount {
+                requested: layers,
+                available,
+            });
+        }
+        Ok(Model {
+            weights,
+            layers,
+            cache: Vec::new(),
+            len: 0,
+        })
+    }
+
+    /// Tokens in the cache (the position the next appended token takes).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Width of one logits row.
+    pub fn vocab_size(&self) -> usize {
+        self.weights.config.vocab_size
+    }
+
+    /// Blocks this sequence runs (all of them, or the draft's prefix).
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// The shared weights (for the tokenizer and config, or to start another sequence).
+    pub fn weights(&self) -> &Arc<Weights> {
+        &self.weights
+    }
+
+    /// Empties the cache.
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.len = 0;
+    }
+
+    /// Keeps the first `len` positions of the cache and forgets the rest, e.g. the rejected
+    /// drafts after verification. Growing is an error.
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        if len > self.len {
+            return Err(ModelError::TruncateBeyondLength {
+                requested: len,
+                len: self.len,
+            });
+        }
+        if len == 0 {
+            self.reset();
+            return Ok(());
+        }
+        for c in &mut self.cache {
+            // A view; the next forward's concatenation copies it into fresh storage.
+            c.k = c.k.narrow(1, 0, len).ctx("truncating the key cache")?;
+            c.v = c.v.narrow(1, 0, len).ctx("truncating the value cache")?;
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Appends `tokens` at positions `len()..len() + tokens.len()` and returns their logits,
+    /// row-major `[tokens.len() × vocab_size()]` f32: row `i` is the next-token distribution
+    /// after `tokens[i]`. All rows are returned because a verifier scores `k` drafts and the
+    /// bonus position in one call.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.forward_last(tokens, tokens.len())
+    }
+
+    /// Like [`Model::forward`] but returns only the last `rows` rows (`1 ≤ rows ≤
+    /// tokens.len()`), `[rows × vocab_size()]`: the output head, the largest matrix of a small
+    /// model, runs on those rows only, which makes a long prefill much cheaper.
+    pub fn forward_last(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if rows == 0 || rows > tokens.len() {
+            return Err(ModelError::BadRowCount {
+                rows,
+                tokens: tokens.len(),
+            });
+        }
+        let logits = self.forward_tensor(tokens, rows)?;
+        logits
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .ctx("reading the logits back")
+    }
+
+    fn forward_tensor(&mut self, tokens: &[u32], rows: usize) -> Result<Tensor, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        let w = &*self.weights;
+        let cfg = &w.config;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                vocab_size: cfg.vocab_size,
+            });
+        }
+        if self.len + tokens.len() > cfg.context_length {
+            return Err(ModelError::ContextFull {
+                len: self.len,
+                appended: tokens.len(),
+                max: cfg.context_length,
+            });
+        }
+        let t = tokens.len();
+        let start = self.len;
+        let total = start + t;
+        let (hd, heads, kv_heads) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
+        let group = heads / kv_heads;
+
+        let ids = Tensor::from_slice(tokens, t, &w.device).ctx("uploading token ids")?;
+        let mut x = w.embedding.embedding(&ids).ctx("looking up embeddings")?;
+        let (cos, sin) = rope_tables(start, t, hd, cfg.rope_theta, &w.device)?;
+        let mask = causal_mask(start, t, group, &w.device)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let rbr = w.split_invariant;
+
+        let mut new_cache = Vec::with_capacity(self.layers);
+        for (i, b) in w.blocks[..self.layers].iter().enumerate() {
+            let h = rms_norm(&x, &b.attn_norm, cfg.rms_eps)?;
+            let q = linear(&b.q, &h, rbr)?;
+            let k = linear(&b.k, &h, rbr)?;
+            let v = linear(&b.v, &h, rbr)?;
+            // [t, heads·hd] → [heads, t, hd]
+            let split = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
+                x.reshape((t, n, hd))?.transpose(0, 1)?.contiguous()
+            };
+            let q = split(q, heads).ctx("splitting query heads")?;
+            let k = split(k, kv_heads).ctx("splitting key heads")?;
+            let v = split(v, kv_heads).ctx("splitting value heads")?;
+            let q = rope(&q, &cos, &sin, cfg.rope_style)?;
+            let k = rope(&k, &cos, &sin, cfg.rope_style)?;
+            let (k, v) = match self.cache.get(i) {
+                Some(c) => (
+                    Tensor::cat(&[&c.k, &k], 1).ctx("appending to the key cache")?,
+                    Tensor::cat(&[&c.v, &v], 1).ctx("appending to the value cache")?,
+                ),
+                None => (k, v),
+            };
+            // Grouped-query attention without copying K/V per query head: query head
+            // `kv·group + g` reads kv head `kv`, so the `group` query heads of one kv head are
+            // stacked as rows against that head's keys.
+            let attn = if rbr && t > 1 {
+                attention_per_position(&q, &k, &v, start, kv_heads, group, scale)
+            } else {
+                (|| {
+                    let q = q.reshape((kv_heads, group * t, hd))?;
+                    let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
+                    let probs = softmax_last(&scores)?;
+                    let o = probs.matmul(&v)?; // [kv, group·t, hd]
+                    o.reshape((heads, t, hd))?
+                        .transpose(0, 1)?
+                        .reshape((t, heads * hd))
+                })()
+            }
+            .ctx("running attention")?;
+            let attn = linear(&b.o, &attn, rbr)?;
+            x = (x + attn).ctx("adding the attention residual")?;
+            let h = rms_norm(&x, &b.ffn_norm, cfg.rms_eps)?;
+            let gate = linear(&b.gate, &h, rbr)?;
+            let up = linear(&b.up, &h, rbr)?;
+            let act = (gate.silu().ctx("SwiGLU activation")? * up).ctx("SwiGLU product")?;
+            let down = linear(&b.down, &act, rbr)?;
+            x = (x + down).ctx("adding the MLP residual")?;
+            new_cache.push(LayerCache { k, v });
+        }
+        let x = x
+            .narrow(0, t - rows, rows)
+            .ctx("selecting the rows to score")?;
+        let x = rms_norm(&x, &w.output_norm, cfg.rms_eps)?;
+        let logits = qmatmul(&w.output, &x, rbr)?;
+        // Commit the cache only after every step succeeded, so an error leaves the sequence as
+        // it was.
+        self.cache = new_cache;
+        self.len = total;
+        Ok(logits)
+    }
+}
+
+/// `QMatMul::forward` through candle's `Module` trait, under our error type.
+trait ForwardQ {
+    fn forward_q(&self, x: &Tensor) -> Result<Tensor, ModelError>;
+}
+
+impl ForwardQ for candle_core::quantized::QMatMul {
+    fn forward_q(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        candle_core::Module::forward(self, x).ctx("quantized matmul")
+    }
+}
+
+/// Attention for each new position on its own, with exactly the shapes of a one-token forward at
+/// that position (`group` query rows against the `position + 1` cached keys, copied contiguous),
+/// so the float summation order, and hence every bit of the result, does not depend on how many
+/// tokens were fed together. Why it matters: quantized matmuls round their input to 8 bits, so a
+/// last-bit difference here can flip a rounding and grow through the layers (measured on Qwen
+/// 0.5B: logits 0.3–0.6 apart without this).
+fn attention_per_position(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    start: usize,
+    kv_heads: usize,
+    group: usize,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (heads, t, hd) = q.dims3()?;
+    let mut rows = Vec::with_capacity(t);
+    for i in 0..t {
+        let len = start + i + 1;
+        let qi = q
+            .narrow(1, i, 1)?
+            .contiguous()?
+            .reshape((kv_heads, group, hd))?;
+        let ki = k.narrow(1, 0, len)?.contiguous()?;
+        let vi = v.narrow(1, 0, len)?.contiguous()?;
+        let probs = softmax_last(&(qi.matmul(&ki.t()?)? * scale)?)?;
+        rows.push(probs.matmul(&vi)?.reshape((1, heads * hd))?);
+    }
+    Tensor::cat(&rows, 0)
+}
+
+/// `x · wᵀ`, one row at a time when `row_by_row` (see `LoadOptions::split_invariant`).
+fn qmatmul(
+    w: &candle_core::quantized::QMatMul,
+    x: &Tensor,
+    row_by_row: bool,
+) -> Result<Tensor, ModelError> {
+    let rows = x.dim(0).ctx("reading the row count")?;
+    if !row_by_row || rows == 1 {
+        return w.forward_q(x);
+    }
+    let parts = (0..rows)
+        .map(|i| w.forward_q(&x.narrow(0, i, 1).ctx("selecting a row")?))
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::cat(&parts, 0).ctx("joining matmul rows")
+}
+
+fn linear(l: &Linear, x: &Tensor, row_by_row: bool) -> Result<Tensor, ModelError> {
+    let y = qmatmul(&l.weight, x, row_by_row)?;
+    match &l.bias {
+        Some(b) => y.broadcast_add(b).ctx("adding a bias"),
+        None => Ok(y),
+    }
+}
+
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) · w`.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor, ModelError> {
+    (|| {
+        let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+        x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(weight)
+    })()
+    .ctx("RMSNorm")
+}
+
+/// Softmax over the last dimension, shifted by the row maximum so `exp` cannot overflow (a
+/// masked `-inf` becomes 0).
+fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?;
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    e.broadcast_div(&sum)
+}
+
+/// `cos` and `sin` of `position · θ^(−2i/d)` for the `t` positions from `start`, `[t, d/2]`.
+/// Computed in f64 and rounded once, so a position's angle does not depend on how the sequence
+/// was split into forward calls.
+fn rope_tables(
+    start: usize,
+    t: usize,
+    hd: usize,
+    theta: f64,
+    device: &candle_core::Device,
+) -> Result<(Tensor, Tensor), ModelError> {
+    let half = hd / 2;
+    let mut cos = Vec::with_capacity(t * half);
+    let mut sin = Vec::with_capacity(t * half);
+    for p in start..start + t {
+        for i in 0..half {
+            let angle = p as f64 * theta.powf(-2.0 * i as f64 / hd as f64);
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    let cos = Tensor::from_vec(cos, (t, half), device).ctx("building rope tables")?;
+    let sin = Tensor::from_vec(sin, (t, half), device).ctx("building rope tables")?;
+    Ok((cos, sin))
+}
+
+/// Rotates `x` `[heads, t, d]` by the position angles: each pair `(a, b)` becomes
+/// `(a·cos − b·sin, a·sin + b·cos)`; which components pair up is the [`RopeStyle`].
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> Result<Tensor, ModelError> {
+    (|| {
+        let (heads, t, hd) = x.dims3()?;
+        let half = hd / 2;
+        match style {
+            RopeStyle::RotateHalves => {
+                let a = x.narrow(2, 0, half)?;
+                let b = x.narrow(2, half, half)?;
+                let ra = (a.broadcast_mul(cos)? - b.broadcast_mul(sin)?)?;
+                let rb = (a.broadcast_mul(sin)? + b.broadcast_mul(cos)?)?;
+                Tensor::cat(&[&ra, &rb], 2)
+            }
+            RopeStyle::AdjacentPairs => {
+                let pairs = x.reshape((heads, t, half, 2))?;
+                let a = pairs.narrow(3, 0, 1)?;
+                let b = pairs.narrow(3, 1, 1)?;
+                let cos = cos.unsqueeze(2)?;
+                let sin = sin.unsqueeze(2)?;
+                let ra = (a.broadcast_mul(&cos)? - b.broadcast_mul(&sin)?)?;
+                let rb = (a.broadcast_mul(&sin)? + b.broadcast_mul(&cos)?)?;
+                Tensor::cat(&[&ra, &rb], 3)?.reshape((heads, t, hd))
+            }
+        }
+    })()
+    .ctx("applying rope")
+}
+
+/// Additive causal mask `[group·t, start + t]`: row `g·t + i` (query position `start + i`) sees
+/// keys `0..=start + i`.
+fn causal_mask(
+    start: usize,
+    t: usize,
+    group: usize,
+    device: &candle_core::Device,
+) -> Result<Tensor, ModelError> {
+    let total = start + t;
+    let mut m = vec![0f32; group * t * total];
+    for g in 0..group {
+        for i in 0..t {
+            let row = &mut m[(g * t + i) * total..(g * t + i + 1) * total];
+            for v in &mut row[start + i + 1..] {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+    Tensor::from_vec(m, (group * t, total), device)
+        .and_then(|m| m.to_dtype(DType::F32))
+        .ctx("building the causal mask")
+}

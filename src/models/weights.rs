@@ -1,0 +1,429 @@
+//! Reading a llama-family GGUF file: the hyper-parameters, the quantized tensors, the tokenizer.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::error::{CandleContext, ModelError};
+use super::tokenizer::Tokenizer;
+
+/// The model families this forward pass implements (GGUF `general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Architecture {
+    /// `llama`: SmolLM2 and the Llama family; no attention biases.
+    Llama,
+    /// `qwen2`: Qwen2 / Qwen2.5(-Coder); biases on the q, k and v projections.
+    Qwen2,
+}
+
+/// How rotary position embedding pairs up the `head_dim` components of a query or key.
+///
+/// The GGUF converter of llama.cpp permutes the q/k rows of `llama` checkpoints so that the
+/// rotated pairs are adjacent, and leaves `qwen2` checkpoints in Hugging Face order, where the
+/// pairs are the two halves. Using the wrong one does not fail, it only degrades the text, so
+/// the default comes from the architecture and [`LoadOptions::rope_style`] can override it for
+/// experiments (see the README for the check made on SmolLM2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(x[2i], x[2i+1])` (llama.cpp's "normal" rope; GGUF `llama`).
+    AdjacentPairs,
+    /// Pairs `(x[i], x[i + d/2])` (llama.cpp's "neox" rope; Hugging Face order; GGUF `qwen2`).
+    RotateHalves,
+}
+
+/// The hyper-parameters read from the GGUF metadata.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The family.
+    pub architecture: Architecture,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Residual stream width.
+    pub hidden: usize,
+    /// SwiGLU inner width.
+    pub ffn: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Width of one head (`hidden / heads`).
+    pub head_dim: usize,
+    /// Rows of the output head (logits per position).
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f64,
+    /// Rope base frequency.
+    pub rope_theta: f64,
+    /// Rope pairing in this file.
+    pub rope_style: RopeStyle,
+    /// The longest sequence the model was trained for; `forward` refuses to go past it.
+    pub context_length: usize,
+    /// Whether the output head reuses the token embedding (no `output.weight` in the file).
+    pub tied_embeddings: bool,
+}
+
+/// Options for [`Weights::load_with`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Override the rope pairing the architecture implies (for experiments only).
+    pub rope_style: Option<RopeStyle>,
+    /// Re-quantize the matrices stored in formats for which candle 0.11 has only a scalar dot
+    /// product (Q4_1, Q5_0, Q5_1) to Q8_0, which has an AVX2/NEON one, at load time. SmolLM2 (a
+    /// Q4_1 file) and Qwen2.5-Coder-0.5B (mostly Q5_0) decode several times faster for about 1.6×
+    /// the weight memory. The Q8_0 rounding of the stored values changes the logits slightly
+    /// (the README gives the measured effect), so it is off by default.
+    pub requantize_to_q8_0: bool,
+    /// Run every quantized matmul one row (token) at a time, so a position's logits do not
+    /// depend on how many tokens were fed with it (default: on). candle 0.11 picks a different
+    /// x86 kernel for Q6_K when a call has more than one row (repacked tiles), which moves Qwen
+    /// 0.5B's logits by up to ~0.4 between a whole-prompt forward and token-by-token decoding
+    /// (measured; with all weights dequantized to f32 the two agree to 2e-5). A verifier scores
+    /// `k + 1` rows at once, so without this its target would differ slightly from the same model
+    /// decoding alone. Off: faster prefill.
+    pub split_invariant: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            rope_style: None,
+            requantize_to_q8_0: false,
+            split_invariant: true,
+        }
+    }
+}
+
+/// A linear layer: a quantized weight and, for Qwen2's q/k/v, an f32 bias.
+#[derive(Clone, Debug)]
+pub(crate) struct Linear {
+    pub weight: QMatMul,
+    pub bias: Option<Tensor>,
+}
+
+/// One transformer block's tensors.
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub attn_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub ffn_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// The immutable part of a model: configuration, tensors and tokenizer, read once and shared
+/// through an [`Arc`] by every [`super::Model`] (the sequences of a batch, a layer-skip draft and
+/// its target) so none of them duplicates the weights.
+#[derive(Debug)]
+pub struct Weights {
+    pub(crate) config: Config,
+    /// Quantized embedding table; rows are dequantized per token (a full f32 copy of Qwen 1.5B's
+    /// table would be 0.9 GB).
+    pub(crate) embedding: Arc<QTensor>,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) output_norm: Tensor,
+    pub(crate) output: QMatMul,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) device: Device,
+    /// [`LoadOptions::split_invariant`].
+    pub(crate) split_invariant: bool,
+    path: PathBuf,
+}
+
+impl Weights {
+    /// Loads a llama or qwen2 GGUF file onto the CPU with default options.
+    pub fn load(path: impl AsRef<Path>) -> Result<Arc<Weights>, ModelError> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// Loads a llama or qwen2 GGUF file onto the CPU.
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+    ) -> Result<Arc<Weights>, ModelError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| ModelError::Gguf {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let meta = Metadata(&content.metadata);
+        let arch_name = meta.string("general.architecture")?;
+        let architecture = match arch_name {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            other => {
+                return Err(ModelError::Unsupported {
+                    message: format!(
+                        "architecture `{other}`; this forward pass implements `llama` and `qwen2`"
+                    ),
+                })
+            }
+        };
+        let a = arch_name;
+        let layers = meta.usize(&format!("{a}.block_count"))?;
+        let hidden = meta.usize(&format!("{a}.embedding_length"))?;
+        let ffn = meta.usize(&format!("{a}.feed_forward_length"))?;
+        let heads = meta.usize(&format!("{a}.attention.head_count"))?;
+        let kv_heads = meta
+            .opt_usize(&format!("{a}.attention.head_count_kv"))?
+            .unwrap_or(heads);
+        let rms_eps = meta.f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?;
+        let rope_theta = meta
+            .opt_f64(&format!("{a}.rope.freq_base"))?
+            .unwrap_or(10_000.0);
+        let context_length = meta.usize(&format!("{a}.context_length"))?;
+        if heads == 0 || kv_heads == 0 || hidden % heads != 0 || heads % kv_heads != 0 {
+            return Err(ModelError::Unsupported {
+                message: format!(
+                    "{heads} heads, {kv_heads} kv heads, width {hidden}: heads must divide the \
+                     width and kv heads must divide heads"
+                ),
+            });
+        }
+        let head_dim = hidden / heads;
+        if let Some(rope_dims) = meta.opt_usize(&format!("{a}.rope.dimension_count"))? {
+            if rope_dims != head_dim {
+                return Err(ModelError::Unsupported {
+                    message: format!(
+                        "partial rope ({rope_dims} of {head_dim} head dimensions rotated)"
+                    ),
+                });
+            }
+        }
+        if meta.0.contains_key(&format!("{a}.rope.scaling.type")) {
+            let kind = meta.string(&format!("{a}.rope.scaling.type"))?;
+            if kind != "none" {
+                return Err(ModelError::Unsupported {
+                    message: format!("rope scaling `{kind}`"),
+                });
+            }
+        }
+        let rope_style = options.rope_style.unwrap_or(match architecture {
+            Architecture::Llama => RopeStyle::AdjacentPairs,
+            Architecture::Qwen2 => RopeStyle::RotateHalves,
+        });
+
+        let tokenizer = Tokenizer::from_gguf(&content.metadata)?;
+        let device = Device::Cpu;
+        let mut read = |name: &str| -> Result<QTensor, ModelError> {
+            if !content.tensor_infos.contains_key(name) {
+                return Err(ModelError::MissingTensor {
+                    name: name.to_string(),
+                });
+            }
+            content
+                .tensor(&mut reader, name, &device)
+                .map_err(|e| ModelError::Gguf {
+                    path: path.clone(),
+                    message: format!("tensor `{name}`: {e}"),
+                })
+        };
+        let requantize = |t: QTensor| -> Result<QTensor, ModelError> {
+            let scalar_only = matches!(
+                t.dtype(),
+                GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
+            );
+            if !options.requantize_to_q8_0 || !scalar_only {
+                return Ok(t);
+            }
+            let dense = t.dequantize(&Device::Cpu).ctx("dequantizing for Q8_0")?;
+            QTensor::quantize(&dense, GgmlDType::Q8_0).ctx("re-quantizing to Q8_0")
+        };
+
+        let embedding = Arc::new(requantize(read("token_embd.weight")?)?);
+        let (vocab_size, embd_width) = embedding
+            .shape()
+            .dims2()
+            .ctx("reading the embedding shape")?;
+        if embd_width != hidden {
+            return Err(ModelError::Unsupported {
+                message: format!("embedding width {embd_width} differs from {hidden}"),
+            });
+        }
+        let has_bias = architecture == Architecture::Qwen2;
+        let mut blocks = Vec::with_capacity(layers);
+        for i in 0..layers {
+            let mut linear = |name: &str, bias: bool| -> Result<Linear, ModelError> {
+                let weight = requantize(read(&format!("blk.{i}.{name}.weight"))?)?;
+                let weight = QMatMul::from_qtensor(weight).ctx("wrapping a quantized weight")?;
+                let bias = if bias {
+                    Some(dequantize(read(&format!("blk.{i}.{name}.bias"))?)?)
+                } else {
+                    None
+                };
+                Ok(Linear { weight, bias })
+            };
+            let q = linear("attn_q", has_bias)?;
+            let k = linear("attn_k", has_bias)?;
+            let v = linear("attn_v", has_bias)?;
+            let o = linear("attn_output", false)?;
+            let gate = linear("ffn_gate", false)?;
+            let up = linear("ffn_up", false)?;
+            let down = linear("ffn_down", false)?;
+            let attn_norm = dequantize(read(&format!("blk.{i}.attn_norm.weight"))?)?;
+            let ffn_norm = dequantize(read(&format!("blk.{i}.ffn_norm.weight"))?)?;
+            blocks.push(Block {
+                attn_norm,
+                q,
+                k,
+                v,
+                o,
+                ffn_norm,
+                gate,
+                up,
+                down,
+            });
+        }
+        let output_norm = dequantize(read("output_norm.weight")?)?;
+        let tied_embeddings = !content.tensor_infos.contains_key("output.weight");
+        let output = if tied_embeddings {
+            // Same Arc: the head costs no memory beyond the embedding.
+            QMatMul::from_arc(embedding.clone()).ctx("wrapping the tied output head")?
+        } else {
+            QMatMul::from_qtensor(requantize(read("output.weight")?)?)
+                .ctx("wrapping the output head")?
+        };
+        if tokenizer.vocab_size() > vocab_size {
+            return Err(ModelError::Tokenizer {
+                message: format!(
+                    "{} tokens but only {vocab_size} embedding rows",
+                    tokenizer.vocab_size()
+                ),
+            });
+        }
+        Ok(Arc::new(Weights {
+            config: Config {
+                architecture,
+                layers,
+                hidden,
+                ffn,
+                heads,
+                kv_heads,
+                head_dim,
+                vocab_size,
+                rms_eps,
+                rope_theta,
+                rope_style,
+                context_length,
+                tied_embeddings,
+            },
+            embedding,
+            blocks,
+            output_norm,
+            output,
+            tokenizer,
+            device,
+            split_invariant: options.split_invariant,
+            path,
+        }))
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The tokenizer built from the file's metadata.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The file the weights came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn dequantize(t: QTensor) -> Result<Tensor, ModelError> {
+    t.dequantize(&Device::Cpu)
+        .ctx("dequantizing a norm weight or bias")
+}
+
+/// Typed access to the metadata map with errors that name the key.
+struct Metadata<'a>(&'a HashMap<String, Value>);
+
+impl<'a> Metadata<'a> {
+    fn get(&self, key: &str) -> Result<&'a Value, ModelError> {
+        self.0.get(key).ok_or_else(|| ModelError::Metadata {
+            key: key.to_string(),
+            message: "missing".to_string(),
+        })
+    }
+
+    fn string(&self, key: &str) -> Result<&'a str, ModelError> {
+        self.get(key)?
+            .to_string()
+            .map(|s| s.as_str())
+            .map_err(|e| wrong_type(key, e))
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        as_usize(key, self.get(key)?)
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        self.0.get(key).map(|v| as_usize(key, v)).transpose()
+    }
+
+    fn f64(&self, key: &str) -> Result<f64, ModelError> {
+        as_f64(key, self.get(key)?)
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>, ModelError> {
+        self.0.get(key).map(|v| as_f64(key, v)).transpose()
+    }
+}
+
+fn wrong_type(key: &str, e: candle_core::Error) -> ModelError {
+    ModelError::Metadata {
+        key: key.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// GGUF writers disagree on integer widths (u32 here, u64 there), so accept any integer.
+pub(crate) fn as_usize(key: &str, v: &Value) -> Result<usize, ModelError> {
+    let n: i128 = match v {
+        Value::U8(x) => (*x).into(),
+        Value::I8(x) => (*x).into(),
+        Value::U16(x) => (*x).into(),
+        Value::I16(x) => (*x).into(),
+        Value::U32(x) => (*x).into(),
+        Value::I32(x) => (*x).into(),
+        Value::U64(x) => (*x).into(),
+        Value::I64(x) => (*x).into(),
+        other => {
+            return Err(ModelError::Metadata {
+                key: key.to_string(),
+                message: format!("expected an integer, found {:?}", other.value_type()),
+            })
+        }
+    };
+    usize::try_from(n).map_err(|_| ModelError::Metadata {
+        key: key.to_string(),
+        message: format!("{n} is not a valid size"),
+    })
+}
+
+fn as_f64(key: &str, v: &Value) -> Result<f64, ModelError> {
+    match v {
+        Value::F32(x) => Ok((*x).into()),
+        Value::F64(x) => Ok(*x),
+        other => as_usize(key, other).map(|n| n as f64),
+    }
+}
