@@ -110,18 +110,16 @@ struct PipelineKey {
 const SPECIAL_RAW: u32 = 1;
 /// row_stats specialisation: also keep the entropy numerator (typical acceptance).
 const SPECIAL_ENTROPY: u32 = 2;
+/// row_stats specialisation: f32 rows and no cut-off (plain loads, no mask).
+const SPECIAL_PLAIN_F32: u32 = 4;
 
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
 /// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
 fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
-        Kernel::RowStats => &[
-            0,
-            SPECIAL_RAW,
-            SPECIAL_ENTROPY,
-            SPECIAL_RAW | SPECIAL_ENTROPY,
-        ],
+        // Every combination of SPECIAL_RAW, SPECIAL_ENTROPY and SPECIAL_PLAIN_F32.
+        Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7],
         _ => &[0],
     }
 }
@@ -460,6 +458,8 @@ impl GpuBackend {
                     if kernel == Kernel::RowStats {
                         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
                         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+                        constants
+                            .push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));
                     }
                     let pipeline =
                         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -720,6 +720,13 @@ impl GpuBackend {
             0
         } | if plan.reqs.iter().any(|r| r.flags & REQ_TYPICAL != 0) {
             SPECIAL_ENTROPY
+        } else {
+            0
+        } | if !filters
+            && target.dtype == crate::Dtype::F32
+            && draft.is_none_or(|d| d.dtype == crate::Dtype::F32)
+        {
+            SPECIAL_PLAIN_F32
         } else {
             0
         };
