@@ -98,7 +98,7 @@ struct RowStats {
     raw_max: f32,   // max / Σexp(l - max) of the raw row at T = 1, no cut-off (PARAM_RAW only):
     raw_sum: f32,   // the denominators of raw logprobs
     t_ent: f32,     // Σ exp(z) z, z = (l - t_max) / T (typical acceptance): H = ln t_sum - t_ent / t_sum
-    _pad0: u32,
+    rho: f32,       // block requests, merged rows only: ρ entering this row (verify writes it)
 }
 
 // What the residual pass must sample for a request (16 bytes).
@@ -145,6 +145,9 @@ const TASK_NONE: u32 = 0u;
 const TASK_FROM_TARGET: u32 = 1u;     // sample from p (bonus row, or a residual with no usable q)
 const TASK_ONE_HOT_RESIDUAL: u32 = 2u; // p with the drafted token removed
 const TASK_DRAFT_RESIDUAL: u32 = 3u;   // max(p - q, 0)
+const TASK_BLOCK_RESIDUAL: u32 = 4u;   // max(ρ p - q, 0), ρ = row_stats[row].rho (block rule)
+const TASK_PENDING_BLOCK: u32 = 5u;    // block request with a draft distribution: verify's
+                                       // block_settle decides it after block_mass
 
 const STATUS_TARGET_NONFINITE: u32 = 1u;
 const STATUS_DRAFT_NONFINITE: u32 = 2u;

@@ -4,7 +4,8 @@
 //
 // Exponential race (equivalent to Gumbel-max): y* = argmax_y r(y) / e_y with e_y ~ Exp(1)
 // independent, which picks y with probability r(y) / Σ r — no sort, no normalisation of r, one
-// pass. r is max(p - q, 0) (TASK_DRAFT_RESIDUAL), p without the drafted token
+// pass. r is max(p - q, 0) (TASK_DRAFT_RESIDUAL), max(ρ p - q, 0) with the row's stored ρ
+// (TASK_BLOCK_RESIDUAL, block verification), p without the drafted token
 // (TASK_ONE_HOT_RESIDUAL) or p (TASK_FROM_TARGET). Alongside, each block also keeps the best
 // p(y) / e_y: if the residual has no mass anywhere (p == q) the merge falls back to it and sets
 // STATUS_EMPTY_RESIDUAL. Ties go to the lowest index, so the result does not depend on the
@@ -53,7 +54,8 @@ struct RaceCtx {
     inv_sum: f32,   // 1 / Σ exp((l - max) / T): one division per row, not per token
     inv_qsum: f32,  // the same for the draft logits
     inv_t: f32,
-    use_q: bool,    // subtract q (TASK_DRAFT_RESIDUAL)
+    use_q: bool,    // subtract q (TASK_DRAFT_RESIDUAL, TASK_BLOCK_RESIDUAL)
+    rho: f32,       // scales p before q is subtracted: ρ for TASK_BLOCK_RESIDUAL, else 1 (exact)
     q_logits: bool, // q given as logits (else probabilities)
     kind: u32,
     draft_token: i32,
@@ -116,7 +118,7 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32)
                 q = dv;
             }
         }
-        res = max(p - q, 0.0);
+        res = max(c.rho * p - q, 0.0);
     } else if (c.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == c.draft_token) {
         res = 0.0;
     }
@@ -163,7 +165,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let t_base = params.t_elem_base + (row - params.row_begin) * params.vocab;
     let d_row = info.draft_offset + task.local_row;
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
-    let use_q = task.kind == TASK_DRAFT_RESIDUAL;
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
+    let rho = select(1.0, st.rho, task.kind == TASK_BLOCK_RESIDUAL);
     let q_logits = params.draft_kind == DRAFT_LOGITS;
     var stream = STREAM_RESIDUAL;
     if (task.local_row == info.num_drafts) {
@@ -183,7 +186,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             dcut = cutoffs[params.total_rows + d_row];
         }
     }
-    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, q_logits, task.kind, task.draft_token, cut, dcut);
+    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, rho, q_logits, task.kind, task.draft_token, cut, dcut);
     // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
     // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {

@@ -1,5 +1,5 @@
-// verify — merges each row's chunk statistics, then verifies the request (SPEC §3 rules 1–4).
-// CPU twin: src/cpu/verify.rs. Pipeline label: specdec.verify.main.
+// verify — merges each row's chunk statistics, then verifies the request (SPEC §3 rules 1–6).
+// CPU twin: src/cpu/verify.rs. Pipeline labels: specdec.verify.main / .block_settle.
 // One workgroup of 64 per request. Each row's decision depends on that row alone, so the lanes
 // take the rows in parallel: merge the chunk partials (in chunk order, the statistics contract of
 // common.wgsl) into `row_stats`, decide the draft, and record the first rejection with an atomic
@@ -13,6 +13,12 @@
 // (only that one row is ever resampled). All accepted: the bonus row gets the same treatment.
 // The status describes the row where the request stopped.
 //
+// Block requests (rule 5) decide jointly from ρ_j (stored in row_stats[row].rho) and the
+// masses R_j. With one-hot drafts R_j has a closed form and `main` decides at once. With a draft
+// distribution `main` only stores ρ and marks the task TASK_PENDING_BLOCK; block_mass.wgsl sums
+// R_j, and the `block_settle` entry (one workgroup of 64 per request, idle for the others)
+// decides and settles exactly as `main` would.
+//
 // Output layout (u32 words):  [ tokens: R × out_stride (i32, -1 padded) | num_emitted: R | status: R ]
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -23,6 +29,8 @@
 @group(0) @binding(5) var<storage, read_write> tasks: array<Task>;
 @group(0) @binding(6) var<storage, read_write> out_words: array<u32>;
 @group(0) @binding(7) var<storage, read_write> row_stats: array<RowStats>;
+// Chunk partials of the block masses R_j (block_mass.wgsl), read by block_settle only.
+@group(0) @binding(8) var<storage, read> masses: array<f32>;
 
 // Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
 fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
@@ -178,21 +186,69 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
     out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
 }
 
-// Block verification with one-hot drafts (SPEC §3 rule 5, closed form): the number of drafts
-// kept, tau = max{ j : u_j <= h_j } (0 if none). rho_j = min(1, rho_{j-1} p_j(d_j)),
-// R_j = rho_j (1 - p_{j+1}(d_{j+1})), h_j = R_j / (R_j + 1 - rho_j) (1 when the denominator is
-// 0) for j < k, h_k = rho_k. Sequential in j (lane 0); the rows' statistics are already merged.
+// q(d) at a draft row for the block rule's ratio p(d) / q(d): 1 for one-hot drafts, the
+// probability (NaN / +inf / negative count as 0), or softmax of the draft logits (0 past the
+// draft vocabulary). 0 makes ρ 0 from that row on, as rule 2 rejects such a draft.
+fn q_at_draft(info: ReqInfo, st: RowStats, d: i32) -> f32 {
+    if (params.draft_kind == DRAFT_PROBS) {
+        return sanitize_prob(st.q_at_d);
+    }
+    if (params.draft_kind == DRAFT_LOGITS) {
+        if (d < 0 || u32(d) >= params.draft_vocab) {
+            return 0.0;
+        }
+        return exp((st.q_at_d - st.q_max) * info.inv_temperature) / st.q_sum;
+    }
+    return 1.0;
+}
+
+// Stores ρ_j, the ρ entering row j, in row_stats[row_offset + j].rho for j = 0 ..= k:
+// ρ_0 = 1, ρ_j = min(1, ρ_{j-1} p_{j-1}(d) / q_{j-1}(d)), 0 for an invalid draft or q(d) = 0.
+// (With one-hot drafts q = 1 and the ratio is p(d) exactly.)
+fn store_rhos(info: ReqInfo) {
+    var rho = 1.0;
+    row_stats[info.row_offset].rho = rho;
+    for (var j = 1u; j <= info.num_drafts; j += 1u) {
+        let st = row_stats[info.row_offset + j - 1u];
+        let d = draft_ids[info.draft_offset + j - 1u];
+        let q = q_at_draft(info, st, d);
+        if (d < 0 || !(q > 0.0)) {
+            rho = 0.0;
+        } else {
+            rho = min(rho * (p_at_draft(info, st, d) / q), 1.0);
+        }
+        row_stats[info.row_offset + j].rho = rho;
+    }
+}
+
+// R_j of a draft distribution: the chunk partials of block_mass, folded in chunk order.
+fn folded_mass(row: u32) -> f32 {
+    let base = row * params.num_chunks;
+    var m = masses[base];
+    for (var c = 1u; c < params.num_chunks; c += 1u) {
+        m = m + masses[base + c];
+    }
+    return m;
+}
+
+// Block verification (SPEC §3 rule 5): the number of drafts kept, tau = max{ j : u_j <= h_j }
+// (0 if none), from the stored ρ_j. h_j = R_j / (R_j + 1 - ρ_j) (1 when the denominator is 0)
+// for j < k, h_k = ρ_k. R_j is ρ_j (1 - p_j(d_j)) for one-hot drafts (closed form), else the
+// mass from block_mass (0 when ρ_j = 0: nothing was summed). Sequential in j.
 fn block_stop(info: ReqInfo) -> u32 {
     let k = info.num_drafts;
-    var rho = 1.0;
     var tau = 0u;
     for (var j = 1u; j <= k; j += 1u) {
-        let d_prev = draft_ids[info.draft_offset + j - 1u];
-        rho = min(rho * p_at_draft(info, row_stats[info.row_offset + j - 1u], d_prev), 1.0);
+        let rho = row_stats[info.row_offset + j].rho;
         var h = rho;
         if (j < k) {
-            let d_next = draft_ids[info.draft_offset + j];
-            let r = rho * (1.0 - p_at_draft(info, row_stats[info.row_offset + j], d_next));
+            var r = 0.0;
+            if (params.draft_kind == DRAFT_NONE) {
+                let d_next = draft_ids[info.draft_offset + j];
+                r = rho * (1.0 - p_at_draft(info, row_stats[info.row_offset + j], d_next));
+            } else if (rho > 0.0) {
+                r = folded_mass(info.row_offset + j);
+            }
             let den = r + 1.0 - rho;
             h = 1.0;
             if (den > 0.0) {
@@ -216,7 +272,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let info = requests[r];
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
-    // Block requests decide jointly (below) unless a row is non-finite: then the standard rule.
+    // Block requests decide jointly (below) unless a row is non-finite (target, or draft logits):
+    // then the standard rule, which stops at that row with its status.
     let block_rule = (info.flags & REQ_BLOCK) != 0u;
     if (lane == 0u) {
         atomicStore(&first_stop, k);
@@ -231,7 +288,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
         row_stats[info.row_offset + i] = st;
-        if (row_nonfinite(st)) {
+        if (row_nonfinite(st) || (i < k && params.draft_kind == DRAFT_LOGITS && draft_row_nonfinite(st))) {
             atomicOr(&any_nonfinite, 1u);
         }
         if (i < k && !row_outcome(info, i, st, drafted).accept) {
@@ -240,13 +297,44 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     storageBarrier();
     workgroupBarrier();
-    let block = block_rule && atomicLoad(&any_nonfinite) == 0u;
+    let block = block_rule && !greedy && atomicLoad(&any_nonfinite) == 0u;
     if (block && lane == 0u) {
-        atomicStore(&first_stop, block_stop(info));
+        store_rhos(info);
+        if (params.draft_kind == DRAFT_NONE) {
+            atomicStore(&first_stop, block_stop(info));
+        }
     }
     storageBarrier();
     workgroupBarrier();
-    let stop = atomicLoad(&first_stop);
+    if (block && params.draft_kind != DRAFT_NONE) {
+        // R_j needs another pass over the rows: block_mass, then block_settle, finish it.
+        if (lane == 0u) {
+            tasks[r] = Task(TASK_PENDING_BLOCK, 0u, -1, info.out_offset);
+        }
+        return;
+    }
+    settle(r, lane, info, atomicLoad(&first_stop), block);
+}
+
+// Block requests with a draft distribution, after block_mass: every lane computes the same τ
+// (no barrier needed, so the idle workgroups of other requests return at once), then the
+// request is settled as `main` settles the others.
+@compute @workgroup_size(64)
+fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r = wid.x;
+    if (tasks[r].kind != TASK_PENDING_BLOCK) {
+        return;
+    }
+    let info = requests[r];
+    settle(r, lane, info, block_stop(info), true);
+}
+
+// Writes request r's output for a stop at row `stop` (drafts 0 .. stop-1 accepted): the
+// accepted tokens and their logprobs, -1 padding, then (lane 0) the row where it stopped — a
+// rejection, a non-finite row, or the bonus row — and its residual task.
+fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
+    let k = info.num_drafts;
+    let greedy = (info.flags & REQ_GREEDY) != 0u;
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
     // (Slot `stop` belongs to lane 0 below, or to the residual pass.)
     let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
@@ -263,8 +351,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane != 0u) {
         return;
     }
-    // Lane 0 settles the row where the request stopped: a rejection, a non-finite row, or the
-    // bonus row when every draft was accepted.
     let st = row_stats[info.row_offset + stop];
     var status = 0u;
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
@@ -297,7 +383,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             task.kind = TASK_FROM_TARGET;
             task.draft_token = d;
         } else if (params.draft_kind == DRAFT_NONE) {
+            // (Block too: max(ρ p - δ_d, 0) is p without d, whatever ρ.)
             task.kind = TASK_ONE_HOT_RESIDUAL;
+            task.draft_token = d;
+        } else if (block) {
+            task.kind = TASK_BLOCK_RESIDUAL;
             task.draft_token = d;
         } else {
             task.kind = TASK_DRAFT_RESIDUAL;

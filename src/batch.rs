@@ -24,10 +24,12 @@ pub enum Rule {
     /// Block verification (Sun et al. 2024, SPEC §3 rule 5): the drafts are accepted or
     /// rejected jointly, so a later draft can rescue an earlier unlikely one. Keeps the target
     /// distribution exactly and never accepts fewer drafts in expectation than [`Rule::Exact`].
-    /// Greedy requests (temperature 0) ignore it. Implemented for one-hot drafts (no draft
-    /// distribution: the closed form `R_j = ρ_j (1 − p_{j+1}(d_{j+1}))`); a batch that gives
-    /// draft probabilities or logits is refused for block requests ([`Error::Unsupported`]).
-    /// A request with a non-finite target row is verified by the standard rule instead.
+    /// Greedy requests (temperature 0) ignore it. With one-hot drafts (no draft distribution)
+    /// `R_j = ρ_j (1 − p_{j+1}(d_{j+1}))` in closed form and the cost is [`Rule::Exact`]'s; with
+    /// draft probabilities or logits, `R_j = Σ_y max(ρ_j p_{j+1}(y) − q_{j+1}(y), 0)` takes one
+    /// more pass over rows 2 .. k of the target and the draft (only for batches that hold such
+    /// requests, and only for rows with ρ_j > 0). A request with a non-finite target row (or
+    /// non-finite draft logits) is verified by the standard rule instead, with its status.
     Block,
     /// Typical acceptance (Medusa, Cai et al. 2024), **lossy and opt-in: it does not preserve
     /// the target distribution**. Accept draft `d` iff
@@ -542,18 +544,6 @@ impl Plan {
                 });
             }
             req.params.check(r)?;
-            if req.params.rule == Rule::Block
-                && req.params.temperature != 0.0
-                && shape.draft_kind != DRAFT_NONE
-            {
-                return Err(Error::Unsupported {
-                    what: format!(
-                        "request {r}: Rule::Block with draft probabilities or logits (block \
-                         verification is implemented for one-hot drafts; use Draft::OneHot or \
-                         Rule::Exact)"
-                    ),
-                });
-            }
             any_synthetic |= req.params.rule == Rule::Synthetic;
             total_drafts += req.num_drafts as usize;
             k_max = k_max.max(req.num_drafts);
@@ -737,6 +727,12 @@ impl Plan {
             0
         };
         n * self.out_stride + 2 * n + lp
+    }
+
+    /// True when some request uses block verification with a draft distribution (the
+    /// block_mass pass and verify's block_settle entry run).
+    pub fn block_masses(&self) -> bool {
+        self.draft_kind != DRAFT_NONE && self.reqs.iter().any(|r| r.flags & REQ_BLOCK != 0)
     }
 
     /// True when some request sets top-k / top-p / min-p (the cutoff pass runs).

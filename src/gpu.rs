@@ -167,6 +167,7 @@ pub(crate) struct Workspace {
     row_stats: Grow,
     tasks: Grow,
     candidates: Grow,
+    masses: Grow,
     cutoffs: Grow,
     out: Grow,
     readback: Grow,
@@ -188,6 +189,7 @@ impl Workspace {
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
             candidates: Grow::new("specdec.candidates", storage),
+            masses: Grow::new("specdec.masses", storage),
             cutoffs: Grow::new("specdec.cutoffs", storage | U::COPY_SRC),
             out: Grow::new("specdec.out", storage | U::COPY_SRC),
             readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
@@ -351,7 +353,8 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
     match kernel {
         Kernel::Cutoff => with_params(5, &[5]),
         Kernel::RowStats => with_params(8, &[5]),
-        Kernel::Verify => with_params(7, &[5, 6, 7]),
+        Kernel::Verify => with_params(8, &[5, 6, 7]),
+        Kernel::BlockMass => with_params(7, &[7]),
         Kernel::ResidualArgmax => with_params(8, &[6, 7]),
         Kernel::RngCheck => vec![
             layout_entry(0, storage(true)),
@@ -732,6 +735,13 @@ impl GpuBackend {
         };
         ws.cutoffs
             .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
+        // Block masses: a partial per (row, chunk), only for batches with block requests that
+        // give a draft distribution (the others bind the dummy).
+        let block_masses = plan.block_masses();
+        if block_masses {
+            ws.masses
+                .ensure(dev, plan.total_rows as u64 * u64::from(num_chunks) * 4);
+        }
         let out_words = plan.out_words();
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -812,6 +822,7 @@ impl GpuBackend {
             let mut stats_groups = Vec::new();
             let mut residual_groups = Vec::new();
             let mut cutoff_groups = Vec::new();
+            let mut mass_groups = Vec::new();
             for (t_range, d_range) in &bindings {
                 let t = ranged(1, target.buffer, t_range.0, t_range.1);
                 // The vec4 views need at least one whole vec4; smaller windows never take the
@@ -861,6 +872,22 @@ impl GpuBackend {
                         entry(8, ws.cutoffs.get()),
                     ],
                 }));
+                if block_masses {
+                    mass_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some("specdec.block_mass"),
+                        layout: &self.layouts[&Kernel::BlockMass],
+                        entries: &[
+                            params_entry.clone(),
+                            t.clone(),
+                            d.clone(),
+                            entry(3, ws.requests.get()),
+                            entry(4, ws.row_info.get()),
+                            entry(5, ws.row_stats.get()),
+                            entry(6, ws.cutoffs.get()),
+                            entry(7, ws.masses.get()),
+                        ],
+                    }));
+                }
                 residual_groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("specdec.residual_argmax"),
                     layout: &self.layouts[&Kernel::ResidualArgmax],
@@ -889,6 +916,11 @@ impl GpuBackend {
                     entry(5, ws.tasks.get()),
                     entry(6, ws.out.get()),
                     entry(7, ws.row_stats.get()),
+                    if block_masses {
+                        entry(8, ws.masses.get())
+                    } else {
+                        entry(8, &self.dummy)
+                    },
                 ],
             });
             // One compute pass holds every dispatch (wgpu orders dispatches that share buffers),
@@ -920,6 +952,26 @@ impl GpuBackend {
                     pass.set_pipeline(self.pipeline(Kernel::Verify, "main"));
                     pass.set_bind_group(0, &verify_group, &[0]);
                     pass.dispatch_workgroups(n as u32, 1, 1);
+                    if block_masses {
+                        // Block requests with a draft distribution: their masses R_j, then the
+                        // joint decision (timed with verify when profiling per kernel).
+                        pass.set_pipeline(self.pipeline(Kernel::BlockMass, "main"));
+                        for (i, w) in windows.iter().enumerate() {
+                            pass.set_bind_group(
+                                0,
+                                &mass_groups[i],
+                                &[(i as u64 * slot_size) as u32],
+                            );
+                            pass.dispatch_workgroups(
+                                num_chunks,
+                                (w.row_end - w.row_begin) as u32,
+                                1,
+                            );
+                        }
+                        pass.set_pipeline(self.pipeline(Kernel::Verify, "block_settle"));
+                        pass.set_bind_group(0, &verify_group, &[0]);
+                        pass.dispatch_workgroups(n as u32, 1, 1);
+                    }
                 },
                 &|pass| {
                     if !needs_residual {

@@ -48,6 +48,11 @@ pub const TASK_FROM_TARGET: u32 = 1;
 pub const TASK_ONE_HOT_RESIDUAL: u32 = 2;
 /// `Task::kind`: sample from max(p − q, 0).
 pub const TASK_DRAFT_RESIDUAL: u32 = 3;
+/// `Task::kind`: sample from max(ρ p − q, 0), ρ the row's `RowStats::rho` (block verification).
+pub const TASK_BLOCK_RESIDUAL: u32 = 4;
+/// `Task::kind`: a block request with a draft distribution still waiting for its masses
+/// (between verify's `main` and `block_settle` entries; never seen by the residual pass).
+pub const TASK_PENDING_BLOCK: u32 = 5;
 
 /// Marks "no index" in argmax state.
 pub const NO_INDEX: u32 = u32::MAX;
@@ -189,7 +194,7 @@ impl ReqInfo {
 ///
 /// ```text
 ///  0 t_max  4 t_sum  8 t_arg  12 flags  16 t_at_d  20 q_max  24 q_sum  28 q_at_d
-/// 32 raw_max 36 raw_sum 40 t_ent 44 padding
+/// 32 raw_max 36 raw_sum 40 t_ent 44 rho
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
@@ -217,8 +222,9 @@ pub struct RowStats {
     /// Σ exp(z) z with z = (l − t_max) / T (typical acceptance rows only): the entropy is
     /// `ln t_sum − t_ent / t_sum`.
     pub t_ent: f32,
-    /// Padding to 48 bytes.
-    pub _pad: [u32; 1],
+    /// Block requests (merged rows only): ρ entering this row, `min(1, ρ_{j−1} p(d)/q(d))`,
+    /// written by the verify pass for the joint decision and the block residual.
+    pub rho: f32,
 }
 
 /// What the residual pass samples for one request (`struct Task`, 16 bytes).

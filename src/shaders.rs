@@ -26,6 +26,9 @@ pub enum Kernel {
     RowStats,
     /// The per-request verify loop (`shaders/verify.wgsl`).
     Verify,
+    /// Block verification's residual masses with a draft distribution
+    /// (`shaders/block_mass.wgsl`).
+    BlockMass,
     /// The vocabulary-wide residual / bonus argmax (`shaders/residual_argmax.wgsl`).
     ResidualArgmax,
     /// Test kernel: Philox words and noise for given counters (`shaders/rng_check.wgsl`).
@@ -36,10 +39,11 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::Cutoff,
         Kernel::RowStats,
         Kernel::Verify,
+        Kernel::BlockMass,
         Kernel::ResidualArgmax,
         Kernel::RngCheck,
         Kernel::ReadBandwidth,
@@ -51,6 +55,7 @@ impl Kernel {
             Kernel::Cutoff => "cutoff",
             Kernel::RowStats => "row_stats",
             Kernel::Verify => "verify",
+            Kernel::BlockMass => "block_mass",
             Kernel::ResidualArgmax => "residual_argmax",
             Kernel::RngCheck => "rng_check",
             Kernel::ReadBandwidth => "read_bandwidth",
@@ -63,6 +68,7 @@ impl Kernel {
             Kernel::Cutoff => include_str!("../shaders/cutoff.wgsl"),
             Kernel::RowStats => include_str!("../shaders/row_stats.wgsl"),
             Kernel::Verify => include_str!("../shaders/verify.wgsl"),
+            Kernel::BlockMass => include_str!("../shaders/block_mass.wgsl"),
             Kernel::ResidualArgmax => include_str!("../shaders/residual_argmax.wgsl"),
             Kernel::RngCheck => include_str!("../shaders/rng_check.wgsl"),
             Kernel::ReadBandwidth => include_str!("../shaders/read_bandwidth.wgsl"),
@@ -74,7 +80,8 @@ impl Kernel {
         match self {
             Kernel::Cutoff => &["main"],
             Kernel::RowStats => &["block"],
-            Kernel::Verify => &["main"],
+            Kernel::Verify => &["main", "block_settle"],
+            Kernel::BlockMass => &["main"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],
             Kernel::ReadBandwidth => &["main"],

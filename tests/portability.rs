@@ -108,10 +108,12 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 4] = [
+const FIXED_64: [&str; 6] = [
     "cutoff.main",
     "row_stats.block",
     "verify.main",
+    "verify.block_settle",
+    "block_mass.main",
     "residual_argmax.merge",
 ];
 

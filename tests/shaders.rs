@@ -115,7 +115,7 @@ fn params_structs_match_wgsl_layout() {
     check_layout!(
         RowStats,
         "RowStats",
-        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d, raw_max, raw_sum, t_ent]
+        [t_max, t_sum, t_arg, flags, t_at_d, q_max, q_sum, q_at_d, raw_max, raw_sum, t_ent, rho]
     );
     check_layout!(Task, "Task", [kind, local_row, draft_token, slot]);
     check_layout!(

@@ -2,6 +2,7 @@
 //! machines without a GPU driver and the oracle of the GPU tests. Work is split over threads by
 //! rows; the result does not depend on the thread count.
 
+pub mod block_mass;
 pub mod cutoff;
 pub mod gather_rows;
 pub mod residual_argmax;
@@ -117,9 +118,44 @@ pub(crate) fn run(
         }
     });
     let mut words = vec![0u32; plan.out_words()];
-    let tasks: Vec<Task> = (0..n)
-        .map(|r| verify::request(plan, r, &stats, &mut words))
+    let mut tasks: Vec<Task> = (0..n)
+        .map(|r| verify::request(plan, r, &mut stats, &mut words))
         .collect();
+    if tasks.iter().any(|t| t.kind == TASK_PENDING_BLOCK) {
+        // Block requests with a draft distribution: the masses R_j of their rows 1 .. k−1
+        // (where ρ > 0), then the joint decision, as block_mass and block_settle do.
+        let mut masses = vec![f32::NAN; plan.total_rows];
+        parallel_chunks(&mut masses, shape.threads, |first, chunk| {
+            for (i, m) in chunk.iter_mut().enumerate() {
+                let g = first + i;
+                let [r, k_row, _, d_row] = plan.row_info[g];
+                let info = &plan.reqs[r as usize];
+                if tasks[r as usize].kind != TASK_PENDING_BLOCK
+                    || k_row == 0
+                    || k_row >= info.num_drafts
+                    || stats[g].rho <= 0.0
+                {
+                    continue;
+                }
+                let (Some(d), d_row) = (draft, d_row as usize) else {
+                    continue;
+                };
+                *m = block_mass::row_mass(
+                    plan,
+                    info,
+                    &stats[g],
+                    &target[g * v..(g + 1) * v],
+                    &d[d_row * dv..(d_row + 1) * dv],
+                    row_cuts(plan, &cuts, g),
+                );
+            }
+        });
+        for (r, task) in tasks.iter_mut().enumerate() {
+            if task.kind == TASK_PENDING_BLOCK {
+                *task = verify::block_settle(plan, r, &stats, &masses, &mut words);
+            }
+        }
+    }
     let mut best = vec![Candidate::default(); n];
     parallel_chunks(&mut best, shape.threads, |first, chunk| {
         for (i, c) in chunk.iter_mut().enumerate() {
@@ -131,7 +167,8 @@ pub(crate) fn run(
             let info = &plan.reqs[r];
             let g = (info.row_offset + task.local_row) as usize;
             let d_row = (info.draft_offset + task.local_row) as usize;
-            let draft_row = if task.kind == TASK_DRAFT_RESIDUAL {
+            let draft_row = if task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL
+            {
                 draft.map(|d| &d[d_row * dv..(d_row + 1) * dv])
             } else {
                 None

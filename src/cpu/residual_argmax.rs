@@ -41,7 +41,13 @@ pub fn candidate(
     let inv_t = info.inv_temperature;
     let pos = row_position(info.position(), task.local_row);
     let stream = stream_of(info, task);
-    let use_q = task.kind == TASK_DRAFT_RESIDUAL;
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
+    // ρ scales p before q is subtracted (block residual); 1 otherwise, which changes nothing.
+    let rho = if task.kind == TASK_BLOCK_RESIDUAL {
+        st.rho
+    } else {
+        1.0
+    };
     let q_logits = plan.draft_kind == DRAFT_LOGITS;
     let mut best = Candidate::default();
     let mut words = [0u32; 4];
@@ -72,7 +78,7 @@ pub fn candidate(
                     };
                 }
             }
-            res = (p - q).max(0.0);
+            res = (rho * p - q).max(0.0);
         } else if task.kind == TASK_ONE_HOT_RESIDUAL && y as i32 == task.draft_token {
             res = 0.0;
         }

@@ -271,7 +271,7 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
         raw_max: w[0].m,
         raw_sum: w[0].s,
         t_ent: t[0].e,
-        _pad: [0; 1],
+        rho: 0.0,
     };
     if input.drafted >= 0 {
         let d = input.drafted as usize;

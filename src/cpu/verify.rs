@@ -130,20 +130,61 @@ fn p_at_draft(info: &ReqInfo, st: &RowStats, d: i32) -> f32 {
     }
 }
 
-/// Block verification with one-hot drafts (SPEC §3 rule 5, closed form): the number of drafts
-/// kept, τ = max{ j : u_j ≤ h_j } (0 if none), mirroring `block_stop` in the WGSL.
-/// ρ_j = min(1, ρ_{j−1} p_j(d_j)) (q = 1 at the draft), R_j = ρ_j (1 − p_{j+1}(d_{j+1})),
-/// h_j = R_j / (R_j + 1 − ρ_j) (1 when the denominator is 0) for j < k, h_k = ρ_k.
-pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, row_stats: &[RowStats]) -> u32 {
-    let k = info.num_drafts;
-    let draft = |i: u32| plan.draft_ids[(info.draft_offset + i) as usize];
-    let st = |i: u32| &row_stats[(info.row_offset + i) as usize];
+/// q(d) at a draft row for the block rule's ratio p(d) / q(d) (mirrors `q_at_draft` in the
+/// WGSL): 1 for one-hot drafts, the sanitised probability, or softmax of the draft logits (0
+/// past the draft vocabulary).
+fn q_at_draft(plan: &Plan, info: &ReqInfo, st: &RowStats, d: i32) -> f32 {
+    match plan.draft_kind {
+        DRAFT_PROBS => sanitize_prob(st.q_at_d),
+        DRAFT_LOGITS => {
+            if d < 0 || d as u32 >= plan.draft_vocab {
+                0.0
+            } else {
+                ((st.q_at_d - st.q_max) * info.inv_temperature).exp() / st.q_sum
+            }
+        }
+        _ => 1.0,
+    }
+}
+
+/// Stores ρ_j, the ρ entering row j, in `rho` of the request's rows (mirrors `store_rhos`):
+/// ρ_0 = 1, ρ_j = min(1, ρ_{j−1} p_{j−1}(d) / q_{j−1}(d)), 0 for an invalid draft or q(d) = 0.
+fn store_rhos(plan: &Plan, info: &ReqInfo, stats: &mut [RowStats]) {
+    let base = info.row_offset as usize;
     let mut rho = 1.0f32;
+    stats[base].rho = rho;
+    for j in 1..=info.num_drafts as usize {
+        let st = &stats[base + j - 1];
+        let d = plan.draft_ids[info.draft_offset as usize + j - 1];
+        let q = q_at_draft(plan, info, st, d);
+        rho = if d < 0 || q.is_nan() || q <= 0.0 {
+            0.0
+        } else {
+            (rho * (p_at_draft(info, st, d) / q)).min(1.0)
+        };
+        stats[base + j].rho = rho;
+    }
+}
+
+/// Block verification (SPEC §3 rule 5): the number of drafts kept, τ = max{ j : u_j ≤ h_j }
+/// (0 if none), from the stored ρ_j, mirroring `block_stop` in the WGSL. h_j = R_j / (R_j + 1 −
+/// ρ_j) (1 when the denominator is 0) for j < k, h_k = ρ_k; R_j = ρ_j (1 − p_j(d_j)) for one-hot
+/// drafts (closed form), else `masses[row]` from the block_mass twin (0 when ρ_j = 0).
+pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, stats: &[RowStats], masses: &[f32]) -> u32 {
+    let k = info.num_drafts;
     let mut tau = 0;
     for j in 1..=k {
-        rho = (rho * p_at_draft(info, st(j - 1), draft(j - 1))).min(1.0);
+        let g = (info.row_offset + j) as usize;
+        let rho = stats[g].rho;
         let h = if j < k {
-            let r = rho * (1.0 - p_at_draft(info, st(j), draft(j)));
+            let r = if plan.draft_kind == DRAFT_NONE {
+                let d_next = plan.draft_ids[(info.draft_offset + j) as usize];
+                rho * (1.0 - p_at_draft(info, &stats[g], d_next))
+            } else if rho > 0.0 {
+                masses[g]
+            } else {
+                0.0
+            };
             let den = r + 1.0 - rho;
             if den > 0.0 {
                 r / den
@@ -160,34 +201,72 @@ pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, row_stats: &[RowStats]) ->
     tau
 }
 
-/// Verifies request `r`: writes its accepted tokens, padding, num_emitted and status into
-/// `out_words` (layout `[tokens | num_emitted | status]`) and returns its residual task. The
-/// request stops at the first draft not accepted; the status describes that row.
-pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u32]) -> Task {
+/// Verifies request `r` (verify's `main` entry): merges nothing (the twin's rows are whole),
+/// decides, writes its accepted tokens, padding, num_emitted and status into `out_words`
+/// (layout `[tokens | num_emitted | status]`) and returns its residual task. The request stops
+/// at the first draft not accepted; the status describes that row. A block request with a draft
+/// distribution only gets its ρ stored and returns `TASK_PENDING_BLOCK`: [`block_settle`]
+/// finishes it once the masses are known.
+pub fn request(plan: &Plan, r: usize, stats: &mut [RowStats], out_words: &mut [u32]) -> Task {
+    let info = &plan.reqs[r];
+    let k = info.num_drafts;
+    let draft = |i: u32| plan.draft_ids[(info.draft_offset + i) as usize];
+    let row = |i: u32| (info.row_offset + i) as usize;
+    // Block requests decide jointly unless a row is non-finite (target, or draft logits): then
+    // the standard rule, which stops at that row with its status.
+    let any_nonfinite = (0..=k).any(|i| {
+        let st = &stats[row(i)];
+        row_nonfinite(st) || (i < k && plan.draft_kind == DRAFT_LOGITS && draft_row_nonfinite(st))
+    });
+    let block = info.flags & REQ_BLOCK != 0 && info.flags & REQ_GREEDY == 0 && !any_nonfinite;
+    if block {
+        store_rhos(plan, info, stats);
+        if plan.draft_kind != DRAFT_NONE {
+            return Task {
+                kind: TASK_PENDING_BLOCK,
+                local_row: 0,
+                draft_token: -1,
+                slot: info.out_offset,
+            };
+        }
+    }
+    let stop = if block {
+        block_stop(plan, info, stats, &[])
+    } else {
+        (0..k)
+            .find(|&i| !row_outcome(plan, info, i, &stats[row(i)], draft(i)).accept)
+            .unwrap_or(k)
+    };
+    settle(plan, r, stats, stop, block, out_words)
+}
+
+/// Finishes a block request left pending by [`request`] (verify's `block_settle` entry), with
+/// `masses[row]` the folded R of its rows 1 .. k−1 where ρ > 0.
+pub fn block_settle(
+    plan: &Plan,
+    r: usize,
+    stats: &[RowStats],
+    masses: &[f32],
+    out_words: &mut [u32],
+) -> Task {
+    let stop = block_stop(plan, &plan.reqs[r], stats, masses);
+    settle(plan, r, stats, stop, true, out_words)
+}
+
+/// Writes request `r`'s output for a stop at row `stop` and returns the residual task (the
+/// `settle` function of the WGSL).
+fn settle(
+    plan: &Plan,
+    r: usize,
+    row_stats: &[RowStats],
+    stop: u32,
+    block: bool,
+    out_words: &mut [u32],
+) -> Task {
     let info = &plan.reqs[r];
     let k = info.num_drafts;
     let greedy = info.flags & REQ_GREEDY != 0;
     let draft = |i: u32| plan.draft_ids[(info.draft_offset + i) as usize];
-    // Block requests decide jointly unless a row is non-finite (then the standard rule, which
-    // stops at that row).
-    let any_nonfinite = (0..=k).any(|i| row_nonfinite(&row_stats[(info.row_offset + i) as usize]));
-    let block = info.flags & REQ_BLOCK != 0 && !any_nonfinite;
-    let stop = if block {
-        block_stop(plan, info, row_stats)
-    } else {
-        (0..k)
-            .find(|&i| {
-                !row_outcome(
-                    plan,
-                    info,
-                    i,
-                    &row_stats[(info.row_offset + i) as usize],
-                    draft(i),
-                )
-                .accept
-            })
-            .unwrap_or(k)
-    };
     for j in 0..plan.out_stride as u32 {
         let slot = (info.out_offset + j) as usize;
         if j < stop {
@@ -241,7 +320,10 @@ pub fn request(plan: &Plan, r: usize, row_stats: &[RowStats], out_words: &mut [u
             task.kind = if info.flags & REQ_FAULT_REJECT_ALL != 0 || d < 0 || !o.q_usable {
                 TASK_FROM_TARGET
             } else if plan.draft_kind == DRAFT_NONE {
+                // (Block too: max(ρ p − δ_d, 0) is p without d, whatever ρ.)
                 TASK_ONE_HOT_RESIDUAL
+            } else if block {
+                TASK_BLOCK_RESIDUAL
             } else {
                 TASK_DRAFT_RESIDUAL
             };

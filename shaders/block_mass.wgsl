@@ -1,0 +1,125 @@
+// block_mass — the residual masses of block verification with a draft distribution (SPEC §3
+// rule 5): R_j = Σ_y max(ρ_j p_j(y) - q_j(y), 0) at draft rows j = 1 .. k-1 of each block
+// request. CPU twin: src/cpu/block_mass.rs. Pipeline label: specdec.block_mass.main.
+//
+// Why a pass of its own: ρ_j = min(1, ρ_{j-1} p_{j-1}(d) / q_{j-1}(d)) needs the softmax sums
+// of the earlier rows, so R_j cannot be summed in the same pass as the statistics. The verify
+// kernel's `main` entry stores ρ_j in row_stats[row].rho and leaves the request pending; this
+// pass sums the masses; verify's `block_settle` entry decides. Only batches with such requests
+// run it, and rows with ρ_j = 0 (mass 0) skip the read.
+//
+// Dispatch `main`: x = chunk of the row (CHUNK entries), y = target row within the window; one
+// workgroup of CHUNK_LANES (64). Lane l sums the groups of entries 4(l + 64 i) + (0..3),
+// i = 0..15 in that order, each group as (t0 + t1) + (t2 + t3); the lanes fold as a tree (lane i
+// takes lane i + s for s = 32 .. 1) and lane 0 writes the chunk's partial. verify folds the
+// partials of a row in chunk order. The order of every float operation is fixed by CHUNK alone,
+// so R_j does not depend on the batch and the twin reproduces it.
+//
+// p and q are computed as the residual pass computes them (one division per row, the same
+// cut-offs), so the mass is the mass of the residual that pass samples from.
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+@group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
+@group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> row_stats: array<RowStats>;
+@group(0) @binding(6) var<storage, read> cutoffs: array<f32>;
+// Chunk partials of R: total_rows × num_chunks (only rows that need one are written).
+@group(0) @binding(7) var<storage, read_write> masses: array<f32>;
+
+// Element i of the target / draft binding, whatever its element type (see `widen`).
+fn t_elem(i: u32) -> f32 {
+    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
+}
+fn d_elem(i: u32) -> f32 {
+    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
+}
+
+var<workgroup> sh_sum: array<f32, CHUNK_LANES>;
+
+// What one term of the sum needs to know about the row.
+struct MassCtx {
+    t_base: u32,
+    d_base: u32,
+    t_max: f32,
+    inv_sum: f32,
+    q_max: f32,
+    inv_qsum: f32,
+    inv_t: f32,
+    rho: f32,
+    cut: f32,
+    dcut: f32,
+}
+
+// max(ρ p(y) - q(y), 0); 0 past the vocabulary. q is 0 past the draft vocabulary, and a draft
+// probability that is NaN, +inf or negative counts as 0 (as in the residual pass).
+fn term(c: MassCtx, y: u32) -> f32 {
+    if (y >= params.vocab) {
+        return 0.0;
+    }
+    let l = t_elem(c.t_base + y);
+    var p = 0.0;
+    if (!(l < c.cut) && !is_neg_inf(l) && !is_nan(l)) {
+        p = exp((l - c.t_max) * c.inv_t) * c.inv_sum;
+    }
+    var q = 0.0;
+    if (y < params.draft_vocab) {
+        let dv = d_elem(c.d_base + y);
+        if (params.draft_kind == DRAFT_LOGITS) {
+            if (!(dv < c.dcut) && !is_neg_inf(dv) && !is_nan(dv)) {
+                q = exp((dv - c.q_max) * c.inv_t) * c.inv_qsum;
+            }
+        } else if (!(is_nan(dv) || is_pos_inf(dv) || dv < 0.0)) {
+            q = dv;
+        }
+    }
+    return max(c.rho * p - q, 0.0);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let chunk = wid.x;
+    let row = params.row_begin + wid.y;
+    let ri = row_info[row]; // (request, row within the request, drafted token, draft row)
+    let info = requests[ri.x];
+    let st = row_stats[row];
+    // Rows 1 .. k-1 of block requests (row 0 needs no mass: τ = 0 is the fallback), and only
+    // while ρ > 0 (else R = 0 and verify does not read it). Workgroup-uniform, but every lane
+    // still reaches the barriers below.
+    let needed = (info.flags & REQ_BLOCK) != 0u && ri.y >= 1u && ri.y < info.num_drafts
+        && st.rho > 0.0;
+    var ctx = MassCtx(
+        params.t_elem_base + (row - params.row_begin) * params.vocab,
+        params.d_elem_base + (ri.w - params.d_row_begin) * params.draft_vocab,
+        st.t_max, 1.0 / st.t_sum, st.q_max, 1.0 / st.q_sum, info.inv_temperature, st.rho,
+        bitcast<f32>(NEG_INF_BITS), bitcast<f32>(NEG_INF_BITS));
+    if ((params.flags & PARAM_CUTOFF) != 0u && needed) {
+        ctx.cut = cutoffs[row];
+        ctx.dcut = cutoffs[params.total_rows + ri.w];
+    }
+    var s = 0.0;
+    if (needed) {
+        let first = chunk * CHUNK;
+        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
+            let y = first + 4u * (lane + CHUNK_LANES * i);
+            if (y >= params.vocab) {
+                break;
+            }
+            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
+        }
+    }
+    sh_sum[lane] = s;
+    workgroupBarrier();
+    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && needed) {
+        masses[row * params.num_chunks + chunk] = sh_sum[0];
+    }
+}
