@@ -97,8 +97,8 @@ impl GatherRows {
     /// workgroup size of 256 lowered to the device's limits.
     pub fn new(device: &wgpu::Device) -> Result<GatherRows, SpecError> {
         let limits = device.limits();
-        // The verifier's choice for its default of 256, except that a device allowing no compute
-        // at all gets 1 here (as before the clamp was shared), not 0; pipeline creation then fails.
+        // The verifier's choice for its default of 256. `.max(1)` keeps what gather_rows chose
+        // before the clamp was shared on a device whose limits allow no compute (1, not 0).
         let wg = gpu::workgroup_size(&limits, 256).max(1);
         let (pipeline, layout) = scoped(device, || {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
