@@ -317,7 +317,11 @@ pub(crate) struct GpuBackend {
     uncaptured: Arc<AtomicBool>,
 }
 
-fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
+/// A compute-stage bind group layout entry of `ty` at `binding`.
+///
+/// `pub(crate)` so that `spec::gather_rows`, which builds its own pipeline outside
+/// [`GpuBackend`], lays out its bindings with the same helpers instead of a copy.
+pub(crate) fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -326,7 +330,10 @@ fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEnt
     }
 }
 
-fn storage(read_only: bool) -> wgpu::BindingType {
+/// A storage buffer binding type (no dynamic offset, no minimum size).
+///
+/// `pub(crate)` for `spec::gather_rows` (see [`layout_entry`]).
+pub(crate) fn storage(read_only: bool) -> wgpu::BindingType {
     wgpu::BindingType::Buffer {
         ty: wgpu::BufferBindingType::Storage { read_only },
         has_dynamic_offset: false,
@@ -370,7 +377,10 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
 
 /// Runs `f` inside validation and out-of-memory error scopes and turns a captured error into
 /// `Error::Gpu` (wgpu's default handler would panic the host app).
-fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
+///
+/// `pub(crate)` so that `spec::gather_rows` wraps its object creation and recording in the same
+/// scopes instead of a copy; it maps the `Error::Gpu` it gets to its own `SpecError::Gpu`.
+pub(crate) fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
     let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
     let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let value = f();
@@ -381,6 +391,26 @@ fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
             detail: e.to_string(),
         }),
         None => Ok(value),
+    }
+}
+
+/// The `WG` override to build with: `requested`, at most 256 and the device's workgroup limits
+/// (`max_compute_invocations_per_workgroup`, `max_compute_workgroup_size_x`), rounded to a power
+/// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
+/// compute at all.
+///
+/// `pub(crate)` so that `spec::gather_rows` picks its workgroup size the same way as the
+/// verifier's kernels instead of a copy of this clamp.
+pub(crate) fn workgroup_size(limits: &wgpu::Limits, requested: u32) -> u32 {
+    let max_wg = limits
+        .max_compute_invocations_per_workgroup
+        .min(limits.max_compute_workgroup_size_x)
+        .min(256);
+    let wg = requested.min(max_wg).max(1).next_power_of_two();
+    if wg > max_wg {
+        wg / 2
+    } else {
+        wg
     }
 }
 
@@ -415,17 +445,7 @@ impl GpuBackend {
                     Some(format!("{reason:?}: {message}"));
             });
         }
-        let max_wg = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x)
-            .min(256);
-        let wg = opts
-            .workgroup_size
-            .unwrap_or(256)
-            .min(max_wg)
-            .max(1)
-            .next_power_of_two();
-        let wg = if wg > max_wg { wg / 2 } else { wg };
+        let wg = workgroup_size(&limits, opts.workgroup_size.unwrap_or(256));
         let max_binding = opts
             .max_binding_bytes
             .map_or(limits.max_storage_buffer_binding_size, |m| {
@@ -1363,14 +1383,26 @@ impl GpuBackend {
     }
 }
 
-fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+/// A bind group entry over the whole of `buffer`.
+///
+/// `pub(crate)` for `spec::gather_rows` (see [`layout_entry`]).
+pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: buffer.as_entire_binding(),
     }
 }
 
-fn ranged(binding: u32, buffer: &wgpu::Buffer, offset: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
+/// A bind group entry over `size` bytes of `buffer` from byte `offset`.
+///
+/// `pub(crate)` for `spec::gather_rows`, which binds chunks of the caller's buffers the same way
+/// (see [`layout_entry`]).
+pub(crate) fn ranged(
+    binding: u32,
+    buffer: &wgpu::Buffer,
+    offset: u64,
+    size: u64,
+) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -1407,4 +1439,43 @@ fn window_range(
         (aligned, size),
         ((start - aligned) / rows.dtype.size()) as u32,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workgroup_size;
+
+    /// The shared clamp gives what `spec::gather_rows` computed on its own before it used it (the
+    /// largest power of two within `min(limits, 256)`, at least 1 there), and never passes the
+    /// limits for any request.
+    #[test]
+    fn workgroup_size_is_a_power_of_two_within_the_limits() {
+        for limit in 0..=1100u32 {
+            for (inv, x) in [(limit, 1024), (1024, limit), (limit, limit)] {
+                let limits = wgpu::Limits {
+                    max_compute_invocations_per_workgroup: inv,
+                    max_compute_workgroup_size_x: x,
+                    ..wgpu::Limits::default()
+                };
+                let max_wg = limit.clamp(1, 256);
+                let gather_before = 1u32 << (31 - max_wg.leading_zeros());
+                assert_eq!(
+                    workgroup_size(&limits, 256).max(1),
+                    gather_before,
+                    "{limit}"
+                );
+                for requested in [0, 1, 3, 32, 48, 64, 100, 256, 300, 1024] {
+                    let wg = workgroup_size(&limits, requested);
+                    if limit == 0 {
+                        assert_eq!(wg, 0);
+                        continue;
+                    }
+                    assert!(
+                        wg.is_power_of_two() && wg <= limit.min(256),
+                        "{limit} {requested}"
+                    );
+                }
+            }
+        }
+    }
 }

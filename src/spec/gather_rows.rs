@@ -4,6 +4,7 @@
 //! `specdec.gather_rows`.
 
 use super::SpecError;
+use crate::gpu::{self, layout_entry, ranged, storage};
 use crate::GpuRows;
 use wgpu::util::DeviceExt;
 
@@ -82,47 +83,13 @@ pub struct GatherRows {
     max_binding: u64,
 }
 
-/// Runs `f` inside validation and out-of-memory error scopes; a captured error becomes
-/// [`SpecError::Gpu`] instead of reaching wgpu's default handler (which panics).
+/// `crate::gpu::scoped`, with its `Error::Gpu` reported as [`SpecError::Gpu`] (the `From`
+/// conversion would make it [`SpecError::Verify`], which is for the verifier's own failures).
 fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, SpecError> {
-    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let value = f();
-    let v = pollster::block_on(validation.pop());
-    let o = pollster::block_on(oom.pop());
-    match v.or(o) {
-        Some(e) => Err(SpecError::Gpu(e.to_string())),
-        None => Ok(value),
-    }
-}
-
-fn layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
-    wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    }
-}
-
-fn buffer_entry(
-    binding: u32,
-    buffer: &wgpu::Buffer,
-    offset: u64,
-    size: u64,
-) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry {
-        binding,
-        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer,
-            offset,
-            size: std::num::NonZeroU64::new(size),
-        }),
-    }
+    gpu::scoped(device, f).map_err(|e| match e {
+        crate::Error::Gpu { detail } => SpecError::Gpu(detail),
+        other => SpecError::Verify(other),
+    })
 }
 
 impl GatherRows {
@@ -130,25 +97,27 @@ impl GatherRows {
     /// workgroup size of 256 lowered to the device's limits.
     pub fn new(device: &wgpu::Device) -> Result<GatherRows, SpecError> {
         let limits = device.limits();
-        let max_wg = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x)
-            .clamp(1, 256);
-        // Largest power of two within the limit.
-        let wg = 1u32 << (31 - max_wg.leading_zeros());
+        // The verifier's choice for its default of 256. `.max(1)` keeps what gather_rows chose
+        // before the clamp was shared on a device whose limits allow no compute (1, not 0).
+        let wg = gpu::workgroup_size(&limits, 256).max(1);
         let (pipeline, layout) = scoped(device, || {
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(LABEL),
                 source: wgpu::ShaderSource::Wgsl(crate::shaders::gather_rows_source().into()),
             });
-            use wgpu::BufferBindingType as B;
+            // One params slot per chunk, bound at its own offset (no dynamic offset).
+            let uniform = wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            };
             let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(LABEL),
                 entries: &[
-                    layout_entry(0, B::Uniform),
-                    layout_entry(1, B::Storage { read_only: true }),
-                    layout_entry(2, B::Storage { read_only: false }),
-                    layout_entry(3, B::Storage { read_only: true }),
+                    layout_entry(0, uniform),
+                    layout_entry(1, storage(true)),
+                    layout_entry(2, storage(false)),
+                    layout_entry(3, storage(true)),
                 ],
             });
             let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -307,18 +276,15 @@ impl GatherRows {
                         label: Some(LABEL),
                         layout: &self.layout,
                         entries: &[
-                            buffer_entry(
+                            ranged(
                                 0,
                                 &params_buf,
                                 c as u64 * slot,
                                 std::mem::size_of::<GatherParams>() as u64,
                             ),
-                            buffer_entry(1, src.buffer, s_off, s_size),
-                            buffer_entry(2, dst.buffer, d_off, d_size),
-                            wgpu::BindGroupEntry {
-                                binding: 3,
-                                resource: index_buf.as_entire_binding(),
-                            },
+                            ranged(1, src.buffer, s_off, s_size),
+                            ranged(2, dst.buffer, d_off, d_size),
+                            gpu::entry(3, &index_buf),
                         ],
                     })
                 })
