@@ -1,14 +1,17 @@
-//! Block verification (issue 3, SPEC §3 rule 5) with one-hot drafts: exactness per position —
-//! every position's token, completed with fresh target draws where the step stopped, follows
-//! p_i, and pairs of positions follow p_i × p_j — on both backends, beside the standard rule
-//! on the same inputs; the mean accepted length of both against its exact value (with one-hot
-//! drafts both rules reach the same optimum, Σ_j Π_{i≤j} p_i(d_i)); a wrong residual
-//! that the same tests reject; greedy requests unaffected.
+//! Block verification (issue 3, SPEC §3 rule 5): exactness per position — every position's
+//! token, completed with fresh target draws where the step stopped, follows p_i, and pairs of
+//! positions follow p_i × p_j — on both backends, beside the standard rule on the same inputs;
+//! the mean accepted length of both against its exact value (with one-hot drafts both rules
+//! reach the same optimum, Σ_j Π_{i≤j} p_i(d_i); with a draft distribution the block rule's is
+//! computed by enumerating every draft sequence, and it is higher); a wrong residual that the
+//! same tests reject; greedy requests unaffected. With draft probabilities and draft logits the
+//! exactness battery covers every control × temperature on the twin.
 
 mod common;
 use common::*;
 use specdec::stats::chi_square_gof;
 use specdec::{Fault, Rule, SamplingParams, Verifier, VerifierOptions};
+use std::fmt::Write as _;
 
 const ALPHA: f64 = 1e-6;
 const V: usize = 5;
@@ -80,10 +83,17 @@ fn run(v: &Verifier, rule: Rule, n: usize, seed: u64) -> Run {
     out
 }
 
-/// Every position's marginal and the pairs (0, 1), (1, 2), (0, 3) against the product law.
+/// Every position's marginal and the pairs (0, 1), (1, 2), (0, 3) against the product law
+/// of the one-hot problem at T = 1.
 fn exact(r: &Run) -> Result<(), String> {
     let (rows, _) = problem();
     let ps: Vec<Vec<f64>> = rows.iter().map(|r| softmax(r, 1.0)).collect();
+    exact_against(r, &ps)
+}
+
+/// Every position's marginal against `ps[i]` and the pairs (0, 1), (1, 2), (0, 3) against the
+/// product law.
+fn exact_against(r: &Run, ps: &[Vec<f64>]) -> Result<(), String> {
     for i in 0..=K {
         let mut c = vec![0u64; V];
         for s in &r.seqs {
@@ -228,16 +238,375 @@ fn block_requests_are_deterministic_and_greedy_ignores_the_rule() {
     }
 }
 
-#[test]
-fn block_with_a_draft_distribution_is_refused() {
-    let (rows, drafts) = problem();
-    let s = SamplingParams {
-        rule: Rule::Block,
-        ..SamplingParams::seeded(1.0, 9)
+// ---------------------------------------------------------------------------------------------
+// Block verification with a draft distribution (probabilities or logits).
+// ---------------------------------------------------------------------------------------------
+
+/// Target rows p_0..p_K and draft distributions q_0..q_{K−1} that differ from them (so
+/// rejections are common and a later draft can rescue an earlier one). At T = 1 the exact mean
+/// accepted drafts are 1.6790 (block) and 1.4735 (standard).
+fn dist_problem() -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let p: [[f64; V]; K + 1] = [
+        [0.35, 0.25, 0.2, 0.15, 0.05],
+        [0.1, 0.45, 0.2, 0.15, 0.1],
+        [0.3, 0.3, 0.2, 0.1, 0.1],
+        [0.2, 0.2, 0.2, 0.2, 0.2],
+    ];
+    let q: [[f64; V]; K] = [
+        [0.1, 0.5, 0.2, 0.1, 0.1],
+        [0.3, 0.2, 0.1, 0.3, 0.1],
+        [0.1, 0.2, 0.5, 0.1, 0.1],
+    ];
+    let ln = |r: &[f64]| r.iter().map(|x| x.ln() as f32).collect::<Vec<f32>>();
+    (
+        p.iter().map(|r| ln(r)).collect(),
+        q.iter().map(|r| ln(r)).collect(),
+    )
+}
+
+/// The drafts of the one-hot setting (kind 0) of the distribution tests.
+const ONE_HOT_DRAFTS: [usize; K] = [1, 1, 0];
+
+/// One setting of the distribution tests: how the draft is given (0 one-hot at
+/// [`ONE_HOT_DRAFTS`], 1 probabilities, 2 logits), the temperature and the controls.
+#[derive(Clone, Copy, Debug)]
+struct Setting {
+    kind: u8,
+    t: f32,
+    c: Controls,
+}
+
+impl Setting {
+    /// The processed target distributions p_0..p_K.
+    fn ps(&self) -> Vec<Vec<f64>> {
+        let (rows, lq) = dist_problem();
+        // The drafts are drawn from the test's reference of the controls: a cut within rounding
+        // of its threshold could be decided the other way by the verifier, and the test would
+        // then sample from a q the verifier does not use.
+        let checked = if self.kind == 2 { &lq[..] } else { &[] };
+        for r in rows.iter().chain(checked) {
+            let (_, ambiguous) = kept_reference(r, f64::from(self.t), self.c);
+            assert!(
+                !ambiguous,
+                "{self:?}: a cut sits on its threshold; choose other controls"
+            );
+        }
+        rows.iter()
+            .map(|r| processed(r, f64::from(self.t), self.c))
+            .collect()
+    }
+    /// The distributions the drafts are drawn from: the given probabilities, or the draft
+    /// logits processed like the target's (temperature and controls).
+    fn qs(&self) -> Vec<Vec<f64>> {
+        let (_, lq) = dist_problem();
+        lq.iter()
+            .zip(ONE_HOT_DRAFTS)
+            .map(|(r, d)| {
+                if self.kind == 0 {
+                    (0..V).map(|y| if y == d { 1.0 } else { 0.0 }).collect()
+                } else if self.kind == 1 {
+                    r.iter().map(|&x| f64::from(x.exp())).collect()
+                } else {
+                    processed(r, f64::from(self.t), self.c)
+                }
+            })
+            .collect()
+    }
+    /// The draft rows handed to the verifier (none for one-hot drafts).
+    fn draft_rows(&self) -> Vec<f32> {
+        if self.kind == 0 {
+            return Vec::new();
+        }
+        let (_, lq) = dist_problem();
+        lq.iter()
+            .flat_map(|r| r.iter().map(|&x| if self.kind == 1 { x.exp() } else { x }))
+            .collect()
+    }
+}
+
+/// `n` steps of `rule` in `setting`: drafts drawn from the q's, one request per step.
+fn run_dist(v: &Verifier, rule: Rule, s: Setting, n: usize, seed: u64) -> Run {
+    let (rows, _) = dist_problem();
+    let (ps, qs) = (s.ps(), s.qs());
+    let draft_rows = s.draft_rows();
+    let mut g = Gen::new(seed);
+    let mut out = Run {
+        seqs: Vec::new(),
+        accepted: Vec::new(),
     };
-    let mut b = explicit(V as u32, &[(s, drafts, rows)]);
-    b.draft_kind = 1;
-    b.draft = vec![0.2; K * V];
-    let err = cpu().verify_blocking(&b.batch()).unwrap_err();
-    assert!(matches!(err, specdec::Error::Unsupported { .. }), "{err}");
+    while out.seqs.len() < n {
+        let m = 8192.min(n - out.seqs.len());
+        let reqs: Vec<_> = (0..m)
+            .map(|_| {
+                let drafts = qs.iter().map(|q| g.sample(q) as i32).collect();
+                let params = s.c.apply(SamplingParams {
+                    rule,
+                    ..SamplingParams::seeded(s.t, g.u64())
+                });
+                (params, drafts, rows.clone())
+            })
+            .collect();
+        let mut b = explicit(V as u32, &reqs);
+        b.draft_kind = s.kind;
+        b.draft = (0..m).flat_map(|_| draft_rows.iter().copied()).collect();
+        for (i, r) in b.requests.iter_mut().enumerate() {
+            r.position = (i as u64 * 7919) % 100_000;
+        }
+        let o = v.verify_blocking(&b.batch()).expect("verify");
+        for r in 0..m {
+            let e = o.emitted(r);
+            let mut seq = [0usize; K + 1];
+            for (i, slot) in seq.iter_mut().enumerate() {
+                *slot = if i < e.len() {
+                    e[i] as usize
+                } else {
+                    g.sample(&ps[i])
+                };
+            }
+            out.seqs.push(seq);
+            out.accepted.push(o.accepted(r));
+        }
+    }
+    out
+}
+
+/// The exact mean accepted drafts of the block rule and of the standard rule, in f64: the
+/// block rule's by enumerating every draft sequence (weight Π q_i(d_i)) with
+/// P(τ = j) = h_j Π_{i>j} (1 − h_i); the standard rule's as Σ_j Π_{i≤j} β_i,
+/// β_i = Σ_y min(p_i(y), q_i(y)).
+fn exact_means(ps: &[Vec<f64>], qs: &[Vec<f64>]) -> (f64, f64) {
+    let mut block = 0.0;
+    for code in 0..V.pow(K as u32) {
+        let d: Vec<usize> = (0..K).map(|i| code / V.pow(i as u32) % V).collect();
+        let w: f64 = (0..K).map(|i| qs[i][d[i]]).product();
+        if w == 0.0 {
+            continue;
+        }
+        let mut rho = vec![1.0f64];
+        for j in 1..=K {
+            let prev = rho[j - 1];
+            rho.push((prev * ps[j - 1][d[j - 1]] / qs[j - 1][d[j - 1]]).min(1.0));
+        }
+        let h: Vec<f64> = (0..=K)
+            .map(|j| {
+                if j == K {
+                    return rho[K];
+                }
+                let r: f64 = (0..V)
+                    .map(|y| (rho[j] * ps[j][y] - qs[j][y]).max(0.0))
+                    .sum();
+                let den = r + 1.0 - rho[j];
+                if den > 0.0 {
+                    r / den
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let e: f64 = (1..=K)
+            .map(|j| j as f64 * h[j] * ((j + 1)..=K).map(|i| 1.0 - h[i]).product::<f64>())
+            .sum();
+        block += w * e;
+    }
+    let mut standard = 0.0;
+    let mut prod = 1.0;
+    for i in 0..K {
+        prod *= (0..V).map(|y| ps[i][y].min(qs[i][y])).sum::<f64>();
+        standard += prod;
+    }
+    (block, standard)
+}
+
+/// Block vs standard with a draft distribution at T = 1: both exact per position, both means
+/// on their exact values, the block rule's clearly higher; and the wrong-residual control
+/// rejected.
+fn gain_battery(v: &Verifier, bad: &Verifier, kind: u8, n: usize, seed: u64) {
+    let s = Setting {
+        kind,
+        t: 1.0,
+        c: Controls::OFF,
+    };
+    let ps = s.ps();
+    let block = run_dist(v, Rule::Block, s, n, seed);
+    let standard = run_dist(v, Rule::Exact, s, n, seed + 1);
+    let what = if kind == 1 { "probabilities" } else { "logits" };
+    exact_against(&block, &ps)
+        .unwrap_or_else(|e| panic!("{} draft {what}: block rule not exact: {e}", v.describe()));
+    exact_against(&standard, &ps)
+        .unwrap_or_else(|e| panic!("{} draft {what}: standard rule: {e}", v.describe()));
+    let (mb, sb) = mean(&block.accepted);
+    let (ms, ss) = mean(&standard.accepted);
+    let (eb, es) = exact_means(&ps, &s.qs());
+    println!(
+        "{}: draft {what}, k = {K}, {n} trials each: mean accepted drafts block {mb:.4} ± {sb:.4} \
+         (exact {eb:.4}), standard {ms:.4} ± {ss:.4} (exact {es:.4})",
+        v.describe()
+    );
+    assert!(
+        eb > es + 0.1,
+        "the problem must let the block rule gain: {eb} vs {es}"
+    );
+    for (name, m, se, want) in [("block", mb, sb, eb), ("standard", ms, ss, es)] {
+        let z = (m - want) / se;
+        assert!(z.abs() < 6.0, "{name} mean {m} vs exact {want} (z {z:.1})");
+    }
+    let z = (mb - ms) / (sb * sb + ss * ss).sqrt();
+    assert!(
+        z > 6.0,
+        "block must accept more than standard: {mb} vs {ms} (z {z:.1})"
+    );
+    let wrong = run_dist(bad, Rule::Block, s, n, seed + 2);
+    let e = exact_against(&wrong, &ps);
+    println!("  control residual-from-p: {e:?}");
+    assert!(
+        e.is_err(),
+        "the exactness test must reject a block sampler with the wrong residual"
+    );
+}
+
+#[test]
+fn block_with_draft_distributions_gains_and_stays_exact_cpu() {
+    for kind in [1, 2] {
+        gain_battery(&cpu(), &faulty(false), kind, 60_000, 10 + u64::from(kind));
+    }
+}
+
+#[test]
+fn block_with_draft_distributions_gains_and_stays_exact_gpu() {
+    let Some(g) = gpu() else { return };
+    let bad = faulty(true);
+    for kind in [1, 2] {
+        gain_battery(g, &bad, kind, 24_000, 20 + u64::from(kind));
+    }
+}
+
+/// The controls of the grid: each cuts tokens from most rows of `dist_problem` (min-p keeps
+/// the uniform bonus row whole), yet leaves the first row two tokens or more at T = 0.3 (at
+/// min-p 0.5 it keeps one there: p and the residual then coincide, and no test can tell a right
+/// sampler from the wrong-residual control). No cut sits on a threshold (`run_dist` checks):
+/// min-p 0.2 or top-p 0.7 would, on the draft rows at T = 1.
+const GRID_CONTROLS: [(&str, Controls); 4] = [
+    ("plain", Controls::OFF),
+    (
+        "top-k 3",
+        Controls {
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+    ),
+    (
+        "top-p 0.75",
+        Controls {
+            top_k: 0,
+            top_p: 0.75,
+            min_p: 0.0,
+        },
+    ),
+    (
+        "min-p 0.25",
+        Controls {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.25,
+        },
+    ),
+];
+
+/// Exactness of the block rule over draft kind × controls × temperature, each with its
+/// wrong-residual control rejected by the same test.
+fn grid(v: &Verifier, bad: &Verifier, kinds: &[u8], temps: &[f32], n: usize) {
+    let mut failures = String::new();
+    let mut seed = 100;
+    for &kind in kinds {
+        for &(name, c) in &GRID_CONTROLS {
+            for &t in temps {
+                seed += 3;
+                let s = Setting { kind, t, c };
+                let ps = s.ps();
+                if let Err(e) = exact_against(&run_dist(v, Rule::Block, s, n, seed), &ps) {
+                    let _ = writeln!(failures, "kind {kind} {name} T {t}: {e}");
+                }
+                let control = exact_against(&run_dist(bad, Rule::Block, s, n, seed + 1), &ps);
+                if control.is_ok() {
+                    let _ = writeln!(
+                        failures,
+                        "kind {kind} {name} T {t}: the wrong-residual control passed"
+                    );
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}:\n{failures}", v.describe());
+}
+
+#[test]
+fn block_grid_of_controls_and_temperatures_cpu() {
+    grid(&cpu(), &faulty(false), &[0, 1, 2], &[0.3, 1.0, 2.0], 20_000);
+}
+
+#[test]
+fn block_grid_of_controls_and_temperatures_gpu() {
+    let Some(g) = gpu() else { return };
+    grid(g, &faulty(true), &[1, 2], &[1.0], 12_000);
+}
+
+#[test]
+fn block_with_a_draft_distribution_matches_the_twin_and_falls_back_on_bad_draft_rows() {
+    let (rows, lq) = dist_problem();
+    let s = Setting {
+        kind: 2,
+        t: 1.0,
+        c: Controls::OFF,
+    };
+    let qs = s.qs();
+    let mut g = Gen::new(5);
+    for kind in [1u8, 2] {
+        let reqs: Vec<_> = (0..400)
+            .map(|i| {
+                let drafts: Vec<i32> = qs.iter().map(|q| g.sample(q) as i32).collect();
+                let params = if i % 3 == 0 {
+                    SamplingParams::seeded(0.7, i).with_top_k(4)
+                } else {
+                    SamplingParams::seeded(1.3, i)
+                };
+                (
+                    SamplingParams {
+                        rule: Rule::Block,
+                        ..params
+                    },
+                    drafts,
+                    rows.clone(),
+                )
+            })
+            .collect();
+        let mut b = explicit(V as u32, &reqs);
+        b.draft_kind = kind;
+        let one: Vec<f32> = lq
+            .iter()
+            .flat_map(|r| r.iter().map(|&x| if kind == 1 { x.exp() } else { x }))
+            .collect();
+        b.draft = (0..reqs.len()).flat_map(|_| one.iter().copied()).collect();
+        let want = cpu().verify_blocking(&b.batch()).expect("twin");
+        assert_eq!(want, cpu().verify_blocking(&b.batch()).expect("twin again"));
+        if let Some(gv) = gpu() {
+            assert_eq!(gv.verify_blocking(&b.batch()).expect("gpu"), want);
+        }
+        // A NaN draft logit in request 1's second draft row: that request falls back to the
+        // standard rule (status DRAFT_NONFINITE where it stops there); the others are untouched.
+        if kind == 2 {
+            let mut bad = b.clone();
+            bad.draft[K * V + V + 2] = f32::NAN;
+            each_backend(|v| {
+                let o = v.verify_blocking(&bad.batch()).expect("verify");
+                for r in [0, 2, 3] {
+                    assert_eq!(o.emitted(r), want.emitted(r), "request {r}");
+                }
+                assert!(o.accepted(1) <= 1, "request 1 must stop by its bad row");
+                if o.accepted(1) == 1 {
+                    assert!(o.status[1].contains(specdec::Status::DRAFT_NONFINITE));
+                }
+            });
+        }
+    }
 }
