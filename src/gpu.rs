@@ -14,6 +14,12 @@ use std::time::Duration;
 const STORAGE_BUFFERS_NEEDED: u32 = 8;
 /// Bytes of one Params slot; a multiple of every adapter's uniform offset alignment (≤ 256).
 const PARAM_SLOT: u64 = 256;
+/// Words of one row's slot in the cutoff kernel's scratch (STATE_WORDS in cutoff.wgsl): its
+/// stage and radix-select state, then a 256-bin histogram of 64-bit (hi, lo) sums.
+const CUT_STATE_WORDS: u64 = 528;
+/// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
+/// histogram clear and flush cost more than its share of the row.
+const CUT_MIN_PER_LANE: u32 = 8;
 /// Bytes of `Params`.
 const PARAMS_BYTES: usize = std::mem::size_of::<Params>();
 
@@ -168,6 +174,7 @@ pub(crate) struct Workspace {
     tasks: Grow,
     candidates: Grow,
     cutoffs: Grow,
+    cut_state: Grow,
     out: Grow,
     readback: Grow,
     upload_target: Grow,
@@ -189,6 +196,7 @@ impl Workspace {
             tasks: Grow::new("specdec.tasks", storage),
             candidates: Grow::new("specdec.candidates", storage),
             cutoffs: Grow::new("specdec.cutoffs", storage | U::COPY_SRC),
+            cut_state: Grow::new("specdec.cut_state", U::STORAGE),
             out: Grow::new("specdec.out", storage | U::COPY_SRC),
             readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
             upload_target: Grow::new("specdec.upload_target", storage),
@@ -349,7 +357,7 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
         v
     };
     match kernel {
-        Kernel::Cutoff => with_params(5, &[5]),
+        Kernel::Cutoff => with_params(6, &[5, 6]),
         Kernel::RowStats => with_params(8, &[5]),
         Kernel::Verify => with_params(7, &[5, 6, 7]),
         Kernel::ResidualArgmax => with_params(8, &[6, 7]),
@@ -530,6 +538,26 @@ impl GpuBackend {
             .next_multiple_of(lanes)
             .max(lanes);
         len.max(vocab.div_ceil(max_blocks).next_multiple_of(4))
+    }
+
+    /// Row entries per cutoff `scan` workgroup for `rows` filtered rows of `vocab`: about
+    /// `target_workgroups` workgroups in all, at least `CUT_MIN_PER_LANE` entries per lane, a
+    /// multiple of the workgroup size, and few enough slices per row for one dispatch
+    /// dimension. Tuning only: the cut-offs never depend on it (integer histograms).
+    pub fn cut_slice(&self, vocab: u32, rows: usize) -> u32 {
+        let max_slices = u64::from(
+            self.device
+                .limits()
+                .max_compute_workgroups_per_dimension
+                .max(1),
+        );
+        let want = (u64::from(vocab) * rows as u64).div_ceil(u64::from(self.target_workgroups));
+        let least = u64::from(vocab).div_ceil(max_slices);
+        let slice = want
+            .min(u64::from(vocab))
+            .max(least)
+            .max(u64::from(self.wg * CUT_MIN_PER_LANE));
+        (slice.next_multiple_of(u64::from(self.wg))).min(u64::from(u32::MAX / 2)) as u32
     }
 
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
@@ -732,6 +760,30 @@ impl GpuBackend {
         };
         ws.cutoffs
             .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
+        // The cutoff pass: its scratch slots (target rows, then draft rows), the entries per scan
+        // workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and
+        // the (scan, pick) rounds: max, then min-p, four top-k and four top-p rounds when some
+        // request of the batch asks for them (rows that need fewer wait at DONE, for free).
+        let cut_logits = plan.draft_kind == DRAFT_LOGITS;
+        let cut_rows = plan.total_rows + if cut_logits { plan.total_drafts } else { 0 };
+        let cut_len = plan
+            .vocab
+            .max(if cut_logits { plan.draft_vocab } else { 0 });
+        let cut_slice = self.cut_slice(cut_len, cut_rows);
+        let cut_slices = cut_len.div_ceil(cut_slice);
+        let cut_sides = if cut_logits { 2 } else { 1 };
+        let cut_steps = {
+            let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
+            1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
+                + 4 * u32::from(filtered().any(|r| r.top_k != 0))
+                + 4 * u32::from(filtered().any(|r| r.top_p < 1.0))
+        };
+        if filters {
+            ws.cut_state.ensure(
+                dev,
+                (plan.total_rows + plan.total_drafts) as u64 * CUT_STATE_WORDS * 4,
+            );
+        }
         let out_words = plan.out_words();
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -748,6 +800,7 @@ impl GpuBackend {
             num_chunks,
             block_chunks,
             stats_blocks,
+            cut_slice,
             ..Params::default()
         };
         let mut slots = vec![0u8; (slot_size as usize) * windows.len().max(1)];
@@ -843,6 +896,7 @@ impl GpuBackend {
                             entry(3, ws.requests.get()),
                             entry(4, ws.row_info.get()),
                             entry(5, ws.cutoffs.get()),
+                            entry(6, ws.cut_state.get()),
                         ],
                     }));
                 }
@@ -900,14 +954,22 @@ impl GpuBackend {
                     // Requests with top-k / top-p / min-p first get their rows' cut-offs (timed
                     // with row_stats when profiling per kernel).
                     if filters {
-                        pass.set_pipeline(self.pipeline(Kernel::Cutoff, "main"));
+                        // init, then (scan, pick) per stage; the windows use disjoint slots.
                         for (i, w) in windows.iter().enumerate() {
+                            let rows = (w.row_end - w.row_begin) as u32;
                             pass.set_bind_group(
                                 0,
                                 &cutoff_groups[i],
                                 &[(i as u64 * slot_size) as u32],
                             );
-                            pass.dispatch_workgroups(1, (w.row_end - w.row_begin) as u32, 1);
+                            pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
+                            pass.dispatch_workgroups(1, rows, cut_sides);
+                            for _ in 0..cut_steps {
+                                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "scan"));
+                                pass.dispatch_workgroups(cut_slices, rows, cut_sides);
+                                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "pick"));
+                                pass.dispatch_workgroups(1, rows, cut_sides);
+                            }
                         }
                     }
                     pass.set_pipeline(self.special_pipeline(Kernel::RowStats, "block", special));
