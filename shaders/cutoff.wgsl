@@ -41,7 +41,9 @@
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> cutoffs: array<f32>;
-// Per-row slots of STATE_WORDS words (layout: S_* below); scratch between the dispatches.
+// Slots of STATE_WORDS words (layout: S_* below), scratch between the dispatches: target rows
+// of the dispatch first, then their draft rows (see state_at). The host dispatches the rows in
+// groups small enough for this buffer and reuses it group after group.
 @group(0) @binding(6) var<storage, read_write> state: array<atomic<u32>>;
 
 // Element i of the target / draft binding, whatever its element type (see `widen`).
@@ -125,8 +127,13 @@ fn ge64(a_hi: u32, a_lo: u32, b_hi: u32, b_lo: u32) -> bool {
     return a_hi > b_hi || (a_hi == b_hi && a_lo >= b_lo);
 }
 
-// The slot of (local target row, side), or NO_INDEX when that side has no row to cut (side 1
-// without draft logits, or a target row with no draft row).
+// The first word of the scratch slot of (local target row, side).
+fn state_at(local_row: u32, side: u32) -> u32 {
+    return (side * params.row_count + local_row) * STATE_WORDS;
+}
+
+// The index in `cutoffs` of (local target row, side), or NO_INDEX when that side has no row to
+// cut (side 1 without draft logits, or a target row with no draft row).
 fn slot_of(local_row: u32, side: u32) -> u32 {
     let row = params.row_begin + local_row;
     if (side == 0u) {
@@ -188,7 +195,7 @@ fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let info = row_req(wid.y);
     let filtered = (info.flags & REQ_FILTER) != 0u && (info.flags & REQ_GREEDY) == 0u;
-    let at = slot * STATE_WORDS;
+    let at = state_at(wid.y, wid.z);
     if (!filtered) {
         if (lane == 0u) {
             atomicStore(&state[at + S_STAGE], ST_DONE);
@@ -219,13 +226,12 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let slot = slot_of(wid.y, side);
         var stage = ST_DONE;
         if (slot != NO_INDEX) {
-            let at = slot * STATE_WORDS;
+            let at = state_at(wid.y, side);
             stage = atomicLoad(&state[at + S_STAGE]);
             w_kbase = atomicLoad(&state[at + S_KBASE]);
             w_prefix = atomicLoad(&state[at + S_PREFIX]);
             w_max = atomicLoad(&state[at + S_MAX]);
         }
-        w_slot = slot;
         w_stage = stage;
         atomicStore(&red_key, select(0u, 0xffffffffu, stage == ST_MINP));
     }
@@ -237,7 +243,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let end = min(begin + params.cut_slice, len);
-    let at = w_slot * STATE_WORDS;
+    let at = state_at(wid.y, side);
     let info = row_req(wid.y);
     let inv_t = info.inv_temperature;
     let local_row = wid.y;
@@ -332,7 +338,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let slot = slot_of(wid.y, side);
         var stage = ST_DONE;
         if (slot != NO_INDEX) {
-            stage = atomicLoad(&state[slot * STATE_WORDS + S_STAGE]);
+            stage = atomicLoad(&state[state_at(wid.y, side) + S_STAGE]);
         }
         w_slot = slot;
         w_stage = stage;
@@ -341,7 +347,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (stage == ST_DONE) {
         return;
     }
-    let at = w_slot * STATE_WORDS;
+    let at = state_at(wid.y, side);
     let info = row_req(wid.y);
     if (stage == ST_MAX || stage == ST_MINP) {
         if (lane == 0u) {

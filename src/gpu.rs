@@ -17,6 +17,9 @@ const PARAM_SLOT: u64 = 256;
 /// Words of one row's slot in the cutoff kernel's scratch (STATE_WORDS in cutoff.wgsl): its
 /// stage and radix-select state, then a 256-bin histogram of 64-bit (hi, lo) sums.
 const CUT_STATE_WORDS: u64 = 528;
+/// Target rows per cutoff dispatch group: the scratch holds one group's slots (both sides:
+/// 17 MiB), bounded whatever the batch; larger windows are cut in groups run one after another.
+const CUT_GROUP_ROWS: usize = 4096;
 /// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
 /// histogram clear and flush cost more than its share of the row.
 const CUT_MIN_PER_LANE: u32 = 8;
@@ -729,8 +732,15 @@ impl GpuBackend {
         // Metadata and scratch buffers.
         let dev = &self.device;
         let slot_size = PARAM_SLOT.max(u64::from(limits.min_uniform_buffer_offset_alignment));
-        ws.params
-            .ensure(dev, slot_size * windows.len().max(1) as u64);
+        let cut_group_count = if plan.filters() {
+            plan.total_rows.div_ceil(CUT_GROUP_ROWS) + windows.len()
+        } else {
+            0
+        };
+        ws.params.ensure(
+            dev,
+            slot_size * (windows.len() + cut_group_count).max(1) as u64,
+        );
         ws.requests.ensure(dev, (n * 64) as u64);
         ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
         ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
@@ -781,9 +791,27 @@ impl GpuBackend {
         if filters {
             ws.cut_state.ensure(
                 dev,
-                (plan.total_rows + plan.total_drafts) as u64 * CUT_STATE_WORDS * 4,
+                plan.total_rows.min(CUT_GROUP_ROWS) as u64
+                    * u64::from(cut_sides)
+                    * CUT_STATE_WORDS
+                    * 4,
             );
         }
+        // The cutoff's row groups: (window, first row, end row), each with its own Params slot
+        // after the windows' slots.
+        let cut_groups: Vec<(usize, usize, usize)> = if filters {
+            windows
+                .iter()
+                .enumerate()
+                .flat_map(|(i, w)| {
+                    (w.row_begin..w.row_end)
+                        .step_by(CUT_GROUP_ROWS)
+                        .map(move |a| (i, a, (a + CUT_GROUP_ROWS).min(w.row_end)))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let out_words = plan.out_words();
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -803,8 +831,9 @@ impl GpuBackend {
             cut_slice,
             ..Params::default()
         };
-        let mut slots = vec![0u8; (slot_size as usize) * windows.len().max(1)];
+        let mut slots = vec![0u8; (slot_size as usize) * (windows.len() + cut_groups.len()).max(1)];
         let mut bindings = Vec::with_capacity(windows.len());
+        let mut window_params = Vec::with_capacity(windows.len());
         for (i, w) in windows.iter().enumerate() {
             let (t_range, t_base) = window_range(target, w.row_begin, w.row_end, row_bytes, align);
             let (d_range, d_base) = match draft {
@@ -841,6 +870,20 @@ impl GpuBackend {
             let at = i * slot_size as usize;
             slots[at..at + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&p));
             bindings.push((t_range, d_range));
+            window_params.push(p);
+        }
+        // A cutoff group reads its window's bindings from its own first row on; its draft rows
+        // are still addressed from the window's first draft row.
+        for (g, &(i, a, b)) in cut_groups.iter().enumerate() {
+            let w = &windows[i];
+            let p = Params {
+                row_begin: a as u32,
+                row_count: (b - a) as u32,
+                t_elem_base: window_params[i].t_elem_base + ((a - w.row_begin) as u32) * plan.vocab,
+                ..window_params[i]
+            };
+            let at = (windows.len() + g) * slot_size as usize;
+            slots[at..at + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&p));
         }
         if windows.is_empty() {
             slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
@@ -954,13 +997,14 @@ impl GpuBackend {
                     // Requests with top-k / top-p / min-p first get their rows' cut-offs (timed
                     // with row_stats when profiling per kernel).
                     if filters {
-                        // init, then (scan, pick) per stage; the windows use disjoint slots.
-                        for (i, w) in windows.iter().enumerate() {
-                            let rows = (w.row_end - w.row_begin) as u32;
+                        // Per row group: init, then (scan, pick) per stage. The groups reuse the
+                        // scratch one after another (wgpu orders dispatches sharing a buffer).
+                        for (g, &(i, a, b)) in cut_groups.iter().enumerate() {
+                            let rows = (b - a) as u32;
                             pass.set_bind_group(
                                 0,
                                 &cutoff_groups[i],
-                                &[(i as u64 * slot_size) as u32],
+                                &[((windows.len() + g) as u64 * slot_size) as u32],
                             );
                             pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
                             pass.dispatch_workgroups(1, rows, cut_sides);
