@@ -31,7 +31,7 @@ struct Params {
     block_chunks: u32,   // chunks each row_stats workgroup reduces (tuning only, never changes results)
     stats_blocks: u32,   // row_stats workgroups per row = ceil(num_chunks / block_chunks)
     flags: u32,          // PARAM_* bits of this window
-    _pad: u32,
+    cut_slice: u32,      // row entries per cutoff scan workgroup (tuning only, never changes results)
 }
 
 // Params::flags: rows of this window start on 16-byte boundaries (V % 4 == 0 and aligned bases),

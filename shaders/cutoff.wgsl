@@ -1,5 +1,5 @@
 // cutoff — the logit cut-off of every row of the requests that set top-k, top-p or min-p.
-// CPU twin: src/cpu/cutoff.rs. Pipeline label: specdec.cutoff.main.
+// CPU twin: src/cpu/cutoff.rs. Pipeline labels: specdec.cutoff.{init,scan,pick}.
 //
 // Every control keeps an upper set of the row's values, so together they are one threshold c:
 // the processed distribution is softmax(l / T) over the entries with l >= c (the others count as
@@ -13,15 +13,27 @@
 // row non-finite); a row whose max is -inf or +inf gets no cut-off.
 //
 // No sort: values map to order-preserving u32 keys and each cut-off is a radix select, 8 bits per
-// round over four rounds, each round one pass over the row building a 256-bin histogram in
-// workgroup memory (counts for top-k; for top-p the masses exp((l - max) / T) in 2^-31 fixed
-// point, summed with 64-bit integer atomics). Integer sums do not depend on the order of the
-// additions, so the cut-off does not depend on the batch, the workgroup size or the device
-// (beyond the few-ulp freedom of exp), and the twin reproduces it.
+// round over four rounds, each round one pass over the row building a 256-bin histogram (counts
+// for top-k; for top-p the masses exp((l - max) / T) in 2^-31 fixed point, summed as 64-bit
+// integers emulated with u32 pairs). Integer sums do not depend on the order of the additions,
+// so the cut-off does not depend on the batch, on how a row is split between workgroups or on
+// the device (beyond the few-ulp freedom of exp), and the twin reproduces it.
 //
-// Dispatch: x = 1, y = target row within the window; one workgroup of CUTOFF_LANES lanes per
-// row (64: the passes are short and barrier-bound, wider groups only add idle lanes). The same
-// workgroup then does the row's draft row when the draft is given as logits.
+// A row is split over many workgroups: one workgroup per row made every pass a long serial
+// loop (milliseconds on a big GPU while the rest of the verification takes tens of µs). Each
+// row (target row, or draft row when the draft is given as logits) has a slot of `state`: the
+// stage it is at, its radix-select progress and a global 256-bin histogram. The host records
+//   init                    (1, rows, sides): resets the slots (unfiltered rows: cut-off -inf)
+//   N x (scan, pick)
+//     scan   (slices, rows, sides): each workgroup reduces `cut_slice` entries of the row for the
+//            row's current stage (max, min-p bound, or a histogram round) into workgroup
+//            memory, then adds its partial into the slot with integer atomics
+//     pick   (1, rows, sides): reads the totals, picks the digit / bound, clears the histogram
+//            and moves the row to its next stage; a row reaching DONE writes its cut-off
+// with N = 1 + [any min-p] + 4 [any top-k] + 4 [any top-p] over the batch. Rows needing fewer
+// stages (or stopping early: top-k with at most k candidates) sit at DONE and their workgroups
+// return at once. Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
+// only; otherwise z has one value).
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> target_logits: array<u32>;
@@ -29,6 +41,10 @@
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> cutoffs: array<f32>;
+// Slots of STATE_WORDS words (layout: S_* below), scratch between the dispatches: target rows
+// of the dispatch first, then their draft rows (see state_at). The host dispatches the rows in
+// groups small enough for this buffer and reuses it group after group.
+@group(0) @binding(6) var<storage, read_write> state: array<atomic<u32>>;
 
 // Element i of the target / draft binding, whatever its element type (see `widen`).
 fn t_elem(i: u32) -> f32 {
@@ -41,7 +57,6 @@ fn d_elem(i: u32) -> f32 {
 }
 
 const BINS: u32 = 256u;
-const CUTOFF_LANES: u32 = 64u;
 // Smallest key of a finite value (-f32::MAX); -inf maps just below it.
 const KEY_MIN_FINITE: u32 = 0x00800000u;
 // Key of +inf.
@@ -49,16 +64,43 @@ const KEY_POS_INF: u32 = 0xff800000u;
 // Mass of one entry in fixed point: exp((l - max) / T) · 2^31, so the max entry weighs 2^31.
 const MASS_SCALE: f32 = 2147483648.0;
 
-var<workgroup> h_count: array<atomic<u32>, BINS>;
+// Slot layout (words). The histogram's 64-bit bins are (hi, lo) pairs; a count fits lo alone.
+const STATE_WORDS: u32 = 528u; // keep equal to CUT_STATE_WORDS in gpu.rs
+const S_MAX: u32 = 0u;     // max key of the row (atomicMax over the scans)
+const S_MIN: u32 = 1u;     // smallest key passing min-p (atomicMin over the scans)
+const S_STAGE: u32 = 2u;   // ST_*
+const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
+const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
+const S_NEED_HI: u32 = 5u; // weight still needed inside the chosen prefix
+const S_NEED_LO: u32 = 6u;
+const S_HIST_LO: u32 = 16u;
+const S_HIST_HI: u32 = 272u; // S_HIST_LO + BINS
+
+// Stages, in order; a row skips those its request does not ask for.
+const ST_MAX: u32 = 0u;
+const ST_MINP: u32 = 1u;
+const ST_K0: u32 = 2u; // top-k rounds 0..3 (count histograms)
+const ST_P0: u32 = 6u; // top-p rounds 0..3 (mass histograms)
+const ST_DONE: u32 = 10u;
+
 var<workgroup> h_lo: array<atomic<u32>, BINS>;
 var<workgroup> h_hi: array<atomic<u32>, BINS>;
 var<workgroup> red_key: atomic<u32>;
-// Broadcasts from lane 0, read back with workgroupUniformLoad.
-var<workgroup> bc_key: u32;
-var<workgroup> bc_stop: u32;
-// Lane 0's running target of the radix walk (64 bits as hi, lo).
-var<workgroup> need_hi: u32;
-var<workgroup> need_lo: u32;
+// Lane 0's view of the slot, broadcast (the stage through workgroupUniformLoad).
+var<workgroup> w_stage: u32;
+var<workgroup> w_slot: u32;
+var<workgroup> w_kbase: u32;
+var<workgroup> w_prefix: u32;
+var<workgroup> w_max: u32;
+// select: suffix sums of the histogram (64-bit as hi, lo), the target, the chosen bin.
+var<workgroup> suf_lo: array<u32, BINS>;
+var<workgroup> suf_hi: array<u32, BINS>;
+var<workgroup> w_need_hi: u32;
+var<workgroup> w_need_lo: u32;
+var<workgroup> w_stop: u32;
+var<workgroup> w_digit: u32;
+var<workgroup> w_acc_hi: u32;
+var<workgroup> w_acc_lo: u32;
 
 // Order-preserving key: a < b as floats (no NaN) iff key(a) < key(b); -0 maps to +0's key so
 // that the key order and the float comparison `l >= cut` agree everywhere.
@@ -80,172 +122,154 @@ fn value_of(k: u32) -> f32 {
     return bitcast<f32>(~k);
 }
 
-// Entry y of the row at element `base` of the target (which == 0) or draft binding. Storage
-// arrays cannot be passed to functions in core WGSL, hence the branch.
-fn load(which: u32, base: u32, y: u32) -> f32 {
-    if (which == 0u) {
-        return t_elem(base + y);
-    }
-    return d_elem(base + y);
-}
-
 // Unsigned 64-bit a >= b on (hi, lo) pairs.
 fn ge64(a_hi: u32, a_lo: u32, b_hi: u32, b_lo: u32) -> bool {
     return a_hi > b_hi || (a_hi == b_hi && a_lo >= b_lo);
 }
 
-// The radix select: the largest key K >= kbase such that the entries with key >= K weigh at
-// least the target (count mode: target = need_in entries; mass mode: target =
-// ceil(top_p · total mass of the entries >= kbase)). Returns kbase when nothing needs cutting
-// (count mode with no more than need_in entries). Keys below kbase never take part.
-fn radix_select(which: u32, base: u32, len: u32, lane: u32, kbase: u32, mass_mode: bool,
-                need_in: u32, top_p: f32, m: f32, inv_t: f32) -> u32 {
-    var prefix = 0u;
-    for (var round = 0u; round < 4u; round += 1u) {
-        for (var b = lane; b < BINS; b += CUTOFF_LANES) {
-            atomicStore(&h_count[b], 0u);
-            atomicStore(&h_lo[b], 0u);
-            atomicStore(&h_hi[b], 0u);
-        }
-        workgroupBarrier();
-        let shift = 24u - 8u * round;
-        for (var y = lane; y < len; y += CUTOFF_LANES) {
-            let x = load(which, base, y);
-            if (is_nan(x)) {
-                continue;
-            }
-            let kx = key_of(x);
-            if (kx < kbase) {
-                continue;
-            }
-            if (round > 0u) {
-                if ((kx >> (32u - 8u * round)) != prefix) {
-                    continue;
-                }
-            }
-            let digit = (kx >> shift) & 255u;
-            if (mass_mode) {
-                let fx = u32(exp((x - m) * inv_t) * MASS_SCALE);
-                let old = atomicAdd(&h_lo[digit], fx);
-                if (old + fx < old) {
-                    atomicAdd(&h_hi[digit], 1u);
-                }
-            } else {
-                atomicAdd(&h_count[digit], 1u);
-            }
-        }
-        workgroupBarrier();
-        if (lane == 0u) {
-            var stop = 0u;
-            if (round == 0u) {
-                // The target, from the totals of the first round.
-                var t_hi = 0u;
-                var t_lo = 0u;
-                for (var b = 0u; b < BINS; b += 1u) {
-                    var h_l = atomicLoad(&h_count[b]);
-                    var h_h = 0u;
-                    if (mass_mode) {
-                        h_l = atomicLoad(&h_lo[b]);
-                        h_h = atomicLoad(&h_hi[b]);
-                    }
-                    let lo = t_lo + h_l;
-                    t_hi = t_hi + h_h + select(0u, 1u, lo < t_lo);
-                    t_lo = lo;
-                }
-                if (mass_mode) {
-                    let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
-                    let nf = ceil(top_p * total);
-                    let hi = floor(nf * (1.0 / 4294967296.0));
-                    need_hi = u32(hi);
-                    need_lo = u32(nf - hi * 4294967296.0);
-                    // Rounding of the f32 total must not ask for more than there is.
-                    if (ge64(need_hi, need_lo, t_hi, t_lo)) {
-                        need_hi = t_hi;
-                        need_lo = t_lo;
-                    }
-                } else {
-                    need_hi = 0u;
-                    need_lo = need_in;
-                    if (t_hi == 0u && t_lo <= need_in) {
-                        stop = 1u;
-                    }
-                }
-            }
-            if (stop == 0u) {
-                // Walk the bins from the top until the running weight reaches the target.
-                var acc_hi = 0u;
-                var acc_lo = 0u;
-                var digit = 0u;
-                for (var bi = 0i; bi < i32(BINS); bi += 1i) {
-                    let b = BINS - 1u - u32(bi);
-                    var h_l = atomicLoad(&h_count[b]);
-                    var h_h = 0u;
-                    if (mass_mode) {
-                        h_l = atomicLoad(&h_lo[b]);
-                        h_h = atomicLoad(&h_hi[b]);
-                    }
-                    let lo = acc_lo + h_l;
-                    let hi = acc_hi + h_h + select(0u, 1u, lo < acc_lo);
-                    digit = b;
-                    if (ge64(hi, lo, need_hi, need_lo)) {
-                        break;
-                    }
-                    acc_hi = hi;
-                    acc_lo = lo;
-                }
-                // What is still needed inside the chosen bin.
-                let n_lo = need_lo - acc_lo;
-                need_hi = need_hi - acc_hi - select(0u, 1u, need_lo < acc_lo);
-                need_lo = n_lo;
-                bc_key = (prefix << 8u) | digit;
-            }
-            bc_stop = stop;
-        }
-        if (workgroupUniformLoad(&bc_stop) != 0u) {
-            return kbase;
-        }
-        prefix = workgroupUniformLoad(&bc_key);
-    }
-    return prefix;
+// The first word of the scratch slot of (local target row, side).
+fn state_at(local_row: u32, side: u32) -> u32 {
+    return (side * params.row_count + local_row) * STATE_WORDS;
 }
 
-// The cut-off of one row (the same value on every lane), -inf when nothing is cut.
-fn row_cutoff(which: u32, base: u32, len: u32, lane: u32, info: ReqInfo) -> f32 {
-    let ninf = bitcast<f32>(NEG_INF_BITS);
-    let inv_t = info.inv_temperature;
-    // The row max (NaN skipped).
-    if (lane == 0u) {
-        atomicStore(&red_key, 0u);
+// The index in `cutoffs` of (local target row, side), or NO_INDEX when that side has no row to
+// cut (side 1 without draft logits, or a target row with no draft row).
+fn slot_of(local_row: u32, side: u32) -> u32 {
+    let row = params.row_begin + local_row;
+    if (side == 0u) {
+        return row;
     }
-    workgroupBarrier();
-    var local_max = 0u;
-    for (var y = lane; y < len; y += CUTOFF_LANES) {
-        let x = load(which, base, y);
-        if (!is_nan(x)) {
-            local_max = max(local_max, key_of(x));
-        }
+    let d_row = row_info[row].w;
+    if (params.draft_kind != DRAFT_LOGITS || d_row == NO_INDEX) {
+        return NO_INDEX;
     }
-    atomicMax(&red_key, local_max);
-    workgroupBarrier();
-    if (lane == 0u) {
-        bc_key = atomicLoad(&red_key);
+    return params.total_rows + d_row;
+}
+
+fn row_req(local_row: u32) -> ReqInfo {
+    return requests[row_info[params.row_begin + local_row].x];
+}
+
+// Entry y of the row of (local row, side): the target binding for side 0, the draft for side 1.
+// Storage arrays cannot be passed to functions in core WGSL, hence the branch.
+fn load(local_row: u32, side: u32, y: u32) -> f32 {
+    if (side == 0u) {
+        return t_elem(params.t_elem_base + local_row * params.vocab + y);
     }
-    let max_key = workgroupUniformLoad(&bc_key);
-    if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
-        return ninf;
+    let d_row = row_info[params.row_begin + local_row].w;
+    return d_elem(params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab + y);
+}
+
+fn row_len(side: u32) -> u32 {
+    return select(params.vocab, params.draft_vocab, side != 0u);
+}
+
+// The stage after `s` for a request: the next control it sets, DONE when none.
+fn next_stage(s: u32, info: ReqInfo) -> u32 {
+    var t = s + 1u;
+    if (t == ST_MINP && is_neg_inf(info.log_min_p)) {
+        t = ST_K0;
     }
-    let m = value_of(max_key);
-    // min-p: the smallest key passing (l - m) / T >= ln(min_p) (an upper set: the test is
-    // monotone in l).
-    var kbase = KEY_MIN_FINITE;
-    if (!is_neg_inf(info.log_min_p)) {
+    if (t == ST_K0 && info.top_k == 0u) {
+        t = ST_P0;
+    }
+    if (t == ST_P0 && !(info.top_p < 1.0)) {
+        t = ST_DONE;
+    }
+    return t;
+}
+
+// The cut-off of a row whose selects are over: -inf when nothing is cut.
+fn cut_of(kbase: u32) -> f32 {
+    if (kbase == KEY_MIN_FINITE) {
+        return bitcast<f32>(NEG_INF_BITS);
+    }
+    return value_of(kbase);
+}
+
+@compute @workgroup_size(256)
+fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let slot = slot_of(wid.y, wid.z);
+    if (slot == NO_INDEX) {
+        return;
+    }
+    let info = row_req(wid.y);
+    let filtered = (info.flags & REQ_FILTER) != 0u && (info.flags & REQ_GREEDY) == 0u;
+    let at = state_at(wid.y, wid.z);
+    if (!filtered) {
         if (lane == 0u) {
-            atomicStore(&red_key, 0xffffffffu);
+            atomicStore(&state[at + S_STAGE], ST_DONE);
+            cutoffs[slot] = bitcast<f32>(NEG_INF_BITS);
         }
+        return;
+    }
+    // 256 lanes: one bin each.
+    atomicStore(&state[at + S_HIST_LO + lane], 0u);
+    atomicStore(&state[at + S_HIST_HI + lane], 0u);
+    if (lane == 0u) {
+        atomicStore(&state[at + S_MAX], 0u);
+        atomicStore(&state[at + S_MIN], 0xffffffffu);
+        atomicStore(&state[at + S_STAGE], ST_MAX);
+        atomicStore(&state[at + S_KBASE], KEY_MIN_FINITE);
+        atomicStore(&state[at + S_PREFIX], 0u);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    for (var b = lane; b < BINS; b += WG) {
+        atomicStore(&h_lo[b], 0u);
+        atomicStore(&h_hi[b], 0u);
+    }
+    if (lane == 0u) {
+        let slot = slot_of(wid.y, side);
+        var stage = ST_DONE;
+        if (slot != NO_INDEX) {
+            let at = state_at(wid.y, side);
+            stage = atomicLoad(&state[at + S_STAGE]);
+            w_kbase = atomicLoad(&state[at + S_KBASE]);
+            w_prefix = atomicLoad(&state[at + S_PREFIX]);
+            w_max = atomicLoad(&state[at + S_MAX]);
+        }
+        w_stage = stage;
+        atomicStore(&red_key, select(0u, 0xffffffffu, stage == ST_MINP));
+    }
+    // Also the barrier after the clears above.
+    let stage = workgroupUniformLoad(&w_stage);
+    let len = row_len(side);
+    let begin = wid.x * params.cut_slice;
+    if (stage == ST_DONE || begin >= len) {
+        return;
+    }
+    let end = min(begin + params.cut_slice, len);
+    let at = state_at(wid.y, side);
+    let info = row_req(wid.y);
+    let inv_t = info.inv_temperature;
+    let local_row = wid.y;
+    if (stage == ST_MAX) {
+        // The row max (NaN skipped).
+        var local_max = 0u;
+        for (var y = begin + lane; y < end; y += WG) {
+            let x = load(local_row, side, y);
+            if (!is_nan(x)) {
+                local_max = max(local_max, key_of(x));
+            }
+        }
+        atomicMax(&red_key, local_max);
         workgroupBarrier();
+        if (lane == 0u) {
+            atomicMax(&state[at + S_MAX], atomicLoad(&red_key));
+        }
+        return;
+    }
+    let m = value_of(w_max);
+    if (stage == ST_MINP) {
+        // min-p: the smallest key passing (l - m) / T >= ln(min_p) (an upper set: the test is
+        // monotone in l).
         var local_min = 0xffffffffu;
-        for (var y = lane; y < len; y += CUTOFF_LANES) {
-            let x = load(which, base, y);
+        for (var y = begin + lane; y < end; y += WG) {
+            let x = load(local_row, side, y);
             if (!is_nan(x) && !is_neg_inf(x) && (x - m) * inv_t >= info.log_min_p) {
                 local_min = min(local_min, key_of(x));
             }
@@ -253,46 +277,204 @@ fn row_cutoff(which: u32, base: u32, len: u32, lane: u32, info: ReqInfo) -> f32 
         atomicMin(&red_key, local_min);
         workgroupBarrier();
         if (lane == 0u) {
-            bc_key = atomicLoad(&red_key);
+            atomicMin(&state[at + S_MIN], atomicLoad(&red_key));
         }
-        kbase = workgroupUniformLoad(&bc_key);
+        return;
     }
-    if (info.top_k != 0u) {
-        kbase = radix_select(which, base, len, lane, kbase, false, info.top_k, 1.0, m, inv_t);
+    // A radix round: histogram of digit `round` of the keys >= kbase that carry the prefix.
+    let mass_mode = stage >= ST_P0;
+    let round = (stage - ST_K0) & 3u;
+    let kbase = w_kbase;
+    let prefix = w_prefix;
+    let shift = 24u - 8u * round;
+    for (var y = begin + lane; y < end; y += WG) {
+        let x = load(local_row, side, y);
+        if (is_nan(x)) {
+            continue;
+        }
+        let kx = key_of(x);
+        if (kx < kbase) {
+            continue;
+        }
+        if (round > 0u) {
+            if ((kx >> (32u - 8u * round)) != prefix) {
+                continue;
+            }
+        }
+        let digit = (kx >> shift) & 255u;
+        if (mass_mode) {
+            let fx = u32(exp((x - m) * inv_t) * MASS_SCALE);
+            let old = atomicAdd(&h_lo[digit], fx);
+            if (old + fx < old) {
+                atomicAdd(&h_hi[digit], 1u);
+            }
+        } else {
+            atomicAdd(&h_lo[digit], 1u);
+        }
     }
-    if (info.top_p < 1.0) {
-        kbase = radix_select(which, base, len, lane, kbase, true, 0u, info.top_p, m, inv_t);
+    workgroupBarrier();
+    // Add the workgroup's bins into the row's: a wrap of lo carries one into hi, so the pair
+    // is the exact 64-bit sum whatever the order of the workgroups.
+    for (var b = lane; b < BINS; b += WG) {
+        let lo = atomicLoad(&h_lo[b]);
+        let hi = atomicLoad(&h_hi[b]);
+        if (lo != 0u) {
+            let old = atomicAdd(&state[at + S_HIST_LO + b], lo);
+            let carry = select(0u, 1u, old + lo < old);
+            if (hi + carry != 0u) {
+                atomicAdd(&state[at + S_HIST_HI + b], hi + carry);
+            }
+        } else if (hi != 0u) {
+            atomicAdd(&state[at + S_HIST_HI + b], hi);
+        }
     }
-    if (kbase == KEY_MIN_FINITE) {
-        return ninf;
-    }
-    return value_of(kbase);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let local_row = wid.y;
-    let row = params.row_begin + local_row;
-    let info4 = row_info[row];
-    let info = requests[info4.x];
-    let filtered = (info.flags & REQ_FILTER) != 0u && (info.flags & REQ_GREEDY) == 0u;
-    var cut = bitcast<f32>(NEG_INF_BITS);
-    if (filtered) {
-        cut = row_cutoff(0u, params.t_elem_base + local_row * params.vocab, params.vocab, lane, info);
+// One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
+@compute @workgroup_size(256)
+fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    if (lane == 0u) {
+        let slot = slot_of(wid.y, side);
+        var stage = ST_DONE;
+        if (slot != NO_INDEX) {
+            stage = atomicLoad(&state[state_at(wid.y, side) + S_STAGE]);
+        }
+        w_slot = slot;
+        w_stage = stage;
+    }
+    let stage = workgroupUniformLoad(&w_stage);
+    if (stage == ST_DONE) {
+        return;
+    }
+    let at = state_at(wid.y, side);
+    let info = row_req(wid.y);
+    if (stage == ST_MAX || stage == ST_MINP) {
+        if (lane == 0u) {
+            var next = next_stage(stage, info);
+            var kbase = atomicLoad(&state[at + S_KBASE]);
+            if (stage == ST_MAX) {
+                let max_key = atomicLoad(&state[at + S_MAX]);
+                if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
+                    next = ST_DONE;
+                }
+            } else {
+                kbase = atomicLoad(&state[at + S_MIN]);
+                atomicStore(&state[at + S_KBASE], kbase);
+            }
+            atomicStore(&state[at + S_STAGE], next);
+            if (next == ST_DONE) {
+                // A non-finite max cuts nothing (kbase is still KEY_MIN_FINITE then).
+                cutoffs[w_slot] = cut_of(kbase);
+            }
+        }
+        return;
+    }
+    let mass_mode = stage >= ST_P0;
+    let round = (stage - ST_K0) & 3u;
+    // Take the row's histogram and clear it for the next round.
+    suf_lo[lane] = atomicLoad(&state[at + S_HIST_LO + lane]);
+    suf_hi[lane] = atomicLoad(&state[at + S_HIST_HI + lane]);
+    atomicStore(&state[at + S_HIST_LO + lane], 0u);
+    atomicStore(&state[at + S_HIST_HI + lane], 0u);
+    if (lane == 0u) {
+        w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
+        w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
+        w_kbase = atomicLoad(&state[at + S_KBASE]);
+        w_prefix = select(atomicLoad(&state[at + S_PREFIX]), 0u, round == 0u);
+    }
+    workgroupBarrier();
+    // Suffix sums: suf[b] = weight of the bins >= b (8 doubling steps).
+    for (var off = 1u; off < BINS; off <<= 1u) {
+        var lo = suf_lo[lane];
+        var hi = suf_hi[lane];
+        if (lane + off < BINS) {
+            let o_lo = suf_lo[lane + off];
+            let n_lo = lo + o_lo;
+            hi = hi + suf_hi[lane + off] + select(0u, 1u, n_lo < lo);
+            lo = n_lo;
+        }
+        workgroupBarrier();
+        suf_lo[lane] = lo;
+        suf_hi[lane] = hi;
+        workgroupBarrier();
     }
     if (lane == 0u) {
-        cutoffs[row] = cut;
+        var stop = 0u;
+        if (round == 0u) {
+            // The target, from the total of the first round.
+            let t_hi = suf_hi[0];
+            let t_lo = suf_lo[0];
+            if (mass_mode) {
+                let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
+                let nf = ceil(info.top_p * total);
+                let hi = floor(nf * (1.0 / 4294967296.0));
+                w_need_hi = u32(hi);
+                w_need_lo = u32(nf - hi * 4294967296.0);
+                // Rounding of the f32 total must not ask for more than there is.
+                if (ge64(w_need_hi, w_need_lo, t_hi, t_lo)) {
+                    w_need_hi = t_hi;
+                    w_need_lo = t_lo;
+                }
+            } else {
+                w_need_hi = 0u;
+                w_need_lo = info.top_k;
+                if (t_hi == 0u && t_lo <= info.top_k) {
+                    stop = 1u;
+                }
+            }
+        }
+        // The serial walk from the top would stop at no bin only if the target exceeded the
+        // total (it cannot); it would then end on bin 0 having added every bin.
+        w_digit = 0u;
+        w_acc_hi = suf_hi[0];
+        w_acc_lo = suf_lo[0];
+        w_stop = stop;
     }
-    // The draft row scored at this target row, when q comes from draft logits.
-    let d_row = info4.w;
-    if (params.draft_kind == DRAFT_LOGITS && d_row != NO_INDEX) {
-        var d_cut = bitcast<f32>(NEG_INF_BITS);
-        if (filtered) {
-            let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
-            d_cut = row_cutoff(1u, d_base, params.draft_vocab, lane, info);
-        }
+    if (workgroupUniformLoad(&w_stop) != 0u) {
+        // Top-k with no more than k candidates: nothing to cut, kbase stays.
         if (lane == 0u) {
-            cutoffs[params.total_rows + d_row] = d_cut;
+            let next = next_stage(ST_K0 + 3u, info);
+            atomicStore(&state[at + S_STAGE], next);
+            if (next == ST_DONE) {
+                cutoffs[w_slot] = cut_of(w_kbase);
+            }
         }
+        return;
+    }
+    // The chosen bin: the highest b whose suffix reaches the target (the walk from the top stops
+    // there); the weight above it is suf[b + 1].
+    let n_hi = w_need_hi;
+    let n_lo = w_need_lo;
+    var above_lo = 0u;
+    var above_hi = 0u;
+    if (lane + 1u < BINS) {
+        above_lo = suf_lo[lane + 1u];
+        above_hi = suf_hi[lane + 1u];
+    }
+    if (ge64(suf_hi[lane], suf_lo[lane], n_hi, n_lo) && !ge64(above_hi, above_lo, n_hi, n_lo)) {
+        w_digit = lane;
+        w_acc_hi = above_hi;
+        w_acc_lo = above_lo;
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        // What is still needed inside the chosen bin.
+        let acc_lo = w_acc_lo;
+        let need_lo = n_lo - acc_lo;
+        let need_hi = n_hi - w_acc_hi - select(0u, 1u, n_lo < acc_lo);
+        let prefix = (w_prefix << 8u) | w_digit;
+        atomicStore(&state[at + S_NEED_HI], need_hi);
+        atomicStore(&state[at + S_NEED_LO], need_lo);
+        atomicStore(&state[at + S_PREFIX], prefix);
+        var next = stage + 1u;
+        if (round == 3u) {
+            next = next_stage(stage, info);
+            atomicStore(&state[at + S_KBASE], prefix);
+            if (next == ST_DONE) {
+                cutoffs[w_slot] = cut_of(prefix);
+            }
+        }
+        atomicStore(&state[at + S_STAGE], next);
     }
 }

@@ -14,6 +14,15 @@ use std::time::Duration;
 const STORAGE_BUFFERS_NEEDED: u32 = 8;
 /// Bytes of one Params slot; a multiple of every adapter's uniform offset alignment (≤ 256).
 const PARAM_SLOT: u64 = 256;
+/// Words of one row's slot in the cutoff kernel's scratch (STATE_WORDS in cutoff.wgsl): its
+/// stage and radix-select state, then a 256-bin histogram of 64-bit (hi, lo) sums.
+const CUT_STATE_WORDS: u64 = 528;
+/// Target rows per cutoff dispatch group: the scratch holds one group's slots (both sides:
+/// 17 MiB), bounded whatever the batch; larger windows are cut in groups run one after another.
+const CUT_GROUP_ROWS: usize = 4096;
+/// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
+/// histogram clear and flush cost more than its share of the row.
+const CUT_MIN_PER_LANE: u32 = 8;
 /// Bytes of `Params`.
 const PARAMS_BYTES: usize = std::mem::size_of::<Params>();
 
@@ -169,6 +178,7 @@ pub(crate) struct Workspace {
     candidates: Grow,
     masses: Grow,
     cutoffs: Grow,
+    cut_state: Grow,
     out: Grow,
     readback: Grow,
     upload_target: Grow,
@@ -191,6 +201,7 @@ impl Workspace {
             candidates: Grow::new("specdec.candidates", storage),
             masses: Grow::new("specdec.masses", storage),
             cutoffs: Grow::new("specdec.cutoffs", storage | U::COPY_SRC),
+            cut_state: Grow::new("specdec.cut_state", U::STORAGE),
             out: Grow::new("specdec.out", storage | U::COPY_SRC),
             readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
             upload_target: Grow::new("specdec.upload_target", storage),
@@ -358,7 +369,7 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
         v
     };
     match kernel {
-        Kernel::Cutoff => with_params(5, &[5]),
+        Kernel::Cutoff => with_params(6, &[5, 6]),
         Kernel::RowStats => with_params(8, &[5]),
         Kernel::Verify => with_params(8, &[5, 6, 7]),
         Kernel::BlockMass => with_params(7, &[7]),
@@ -555,6 +566,26 @@ impl GpuBackend {
         len.max(vocab.div_ceil(max_blocks).next_multiple_of(4))
     }
 
+    /// Row entries per cutoff `scan` workgroup for `rows` filtered rows of `vocab`: about
+    /// `target_workgroups` workgroups in all, at least `CUT_MIN_PER_LANE` entries per lane, a
+    /// multiple of the workgroup size, and few enough slices per row for one dispatch
+    /// dimension. Tuning only: the cut-offs never depend on it (integer histograms).
+    pub fn cut_slice(&self, vocab: u32, rows: usize) -> u32 {
+        let max_slices = u64::from(
+            self.device
+                .limits()
+                .max_compute_workgroups_per_dimension
+                .max(1),
+        );
+        let want = (u64::from(vocab) * rows as u64).div_ceil(u64::from(self.target_workgroups));
+        let least = u64::from(vocab).div_ceil(max_slices);
+        let slice = want
+            .min(u64::from(vocab))
+            .max(least)
+            .max(u64::from(self.wg * CUT_MIN_PER_LANE));
+        (slice.next_multiple_of(u64::from(self.wg))).min(u64::from(u32::MAX / 2)) as u32
+    }
+
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
     /// workgroups in all. Tuning only: the statistics never depend on it.
     pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {
@@ -724,8 +755,15 @@ impl GpuBackend {
         // Metadata and scratch buffers.
         let dev = &self.device;
         let slot_size = PARAM_SLOT.max(u64::from(limits.min_uniform_buffer_offset_alignment));
-        ws.params
-            .ensure(dev, slot_size * windows.len().max(1) as u64);
+        let cut_group_count = if plan.filters() {
+            plan.total_rows.div_ceil(CUT_GROUP_ROWS) + windows.len()
+        } else {
+            0
+        };
+        ws.params.ensure(
+            dev,
+            slot_size * (windows.len() + cut_group_count).max(1) as u64,
+        );
         ws.requests.ensure(dev, (n * 64) as u64);
         ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
         ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
@@ -762,6 +800,48 @@ impl GpuBackend {
             ws.masses
                 .ensure(dev, plan.total_rows as u64 * u64::from(num_chunks) * 4);
         }
+        // The cutoff pass: its scratch slots (target rows, then draft rows), the entries per scan
+        // workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and
+        // the (scan, pick) rounds: max, then min-p, four top-k and four top-p rounds when some
+        // request of the batch asks for them (rows that need fewer wait at DONE, for free).
+        let cut_logits = plan.draft_kind == DRAFT_LOGITS;
+        let cut_rows = plan.total_rows + if cut_logits { plan.total_drafts } else { 0 };
+        let cut_len = plan
+            .vocab
+            .max(if cut_logits { plan.draft_vocab } else { 0 });
+        let cut_slice = self.cut_slice(cut_len, cut_rows);
+        let cut_slices = cut_len.div_ceil(cut_slice);
+        let cut_sides = if cut_logits { 2 } else { 1 };
+        let cut_steps = {
+            let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
+            1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
+                + 4 * u32::from(filtered().any(|r| r.top_k != 0))
+                + 4 * u32::from(filtered().any(|r| r.top_p < 1.0))
+        };
+        if filters {
+            ws.cut_state.ensure(
+                dev,
+                plan.total_rows.min(CUT_GROUP_ROWS) as u64
+                    * u64::from(cut_sides)
+                    * CUT_STATE_WORDS
+                    * 4,
+            );
+        }
+        // The cutoff's row groups: (window, first row, end row), each with its own Params slot
+        // after the windows' slots.
+        let cut_groups: Vec<(usize, usize, usize)> = if filters {
+            windows
+                .iter()
+                .enumerate()
+                .flat_map(|(i, w)| {
+                    (w.row_begin..w.row_end)
+                        .step_by(CUT_GROUP_ROWS)
+                        .map(move |a| (i, a, (a + CUT_GROUP_ROWS).min(w.row_end)))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let out_words = plan.out_words();
         ws.out.ensure(dev, (out_words * 4) as u64);
         ws.readback.ensure(dev, (out_words * 4) as u64);
@@ -778,10 +858,12 @@ impl GpuBackend {
             num_chunks,
             block_chunks,
             stats_blocks,
+            cut_slice,
             ..Params::default()
         };
-        let mut slots = vec![0u8; (slot_size as usize) * windows.len().max(1)];
+        let mut slots = vec![0u8; (slot_size as usize) * (windows.len() + cut_groups.len()).max(1)];
         let mut bindings = Vec::with_capacity(windows.len());
+        let mut window_params = Vec::with_capacity(windows.len());
         for (i, w) in windows.iter().enumerate() {
             let (t_range, t_base) = window_range(target, w.row_begin, w.row_end, row_bytes, align);
             let (d_range, d_base) = match draft {
@@ -818,6 +900,20 @@ impl GpuBackend {
             let at = i * slot_size as usize;
             slots[at..at + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&p));
             bindings.push((t_range, d_range));
+            window_params.push(p);
+        }
+        // A cutoff group reads its window's bindings from its own first row on; its draft rows
+        // are still addressed from the window's first draft row.
+        for (g, &(i, a, b)) in cut_groups.iter().enumerate() {
+            let w = &windows[i];
+            let p = Params {
+                row_begin: a as u32,
+                row_count: (b - a) as u32,
+                t_elem_base: window_params[i].t_elem_base + ((a - w.row_begin) as u32) * plan.vocab,
+                ..window_params[i]
+            };
+            let at = (windows.len() + g) * slot_size as usize;
+            slots[at..at + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&p));
         }
         if windows.is_empty() {
             slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
@@ -874,6 +970,7 @@ impl GpuBackend {
                             entry(3, ws.requests.get()),
                             entry(4, ws.row_info.get()),
                             entry(5, ws.cutoffs.get()),
+                            entry(6, ws.cut_state.get()),
                         ],
                     }));
                 }
@@ -952,14 +1049,23 @@ impl GpuBackend {
                     // Requests with top-k / top-p / min-p first get their rows' cut-offs (timed
                     // with row_stats when profiling per kernel).
                     if filters {
-                        pass.set_pipeline(self.pipeline(Kernel::Cutoff, "main"));
-                        for (i, w) in windows.iter().enumerate() {
+                        // Per row group: init, then (scan, pick) per stage. The groups reuse the
+                        // scratch one after another (wgpu orders dispatches sharing a buffer).
+                        for (g, &(i, a, b)) in cut_groups.iter().enumerate() {
+                            let rows = (b - a) as u32;
                             pass.set_bind_group(
                                 0,
                                 &cutoff_groups[i],
-                                &[(i as u64 * slot_size) as u32],
+                                &[((windows.len() + g) as u64 * slot_size) as u32],
                             );
-                            pass.dispatch_workgroups(1, (w.row_end - w.row_begin) as u32, 1);
+                            pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
+                            pass.dispatch_workgroups(1, rows, cut_sides);
+                            for _ in 0..cut_steps {
+                                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "scan"));
+                                pass.dispatch_workgroups(cut_slices, rows, cut_sides);
+                                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "pick"));
+                                pass.dispatch_workgroups(1, rows, cut_sides);
+                            }
                         }
                     }
                     pass.set_pipeline(self.special_pipeline(Kernel::RowStats, "block", special));

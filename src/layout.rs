@@ -64,7 +64,7 @@ pub const NO_INDEX: u32 = u32::MAX;
 /// 16 row_begin   20 row_count    24 t_elem_base   28 d_row_begin
 /// 32 d_elem_base 36 draft_kind   40 req_begin     44 req_count
 /// 48 num_requests 52 out_stride  56 total_rows    60 num_chunks
-/// 64 block_chunks 68 stats_blocks 72 flags        76 _pad
+/// 64 block_chunks 68 stats_blocks 72 flags        76 cut_slice
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -107,8 +107,9 @@ pub struct Params {
     pub stats_blocks: u32,
     /// `PARAM_*` bits of this window.
     pub flags: u32,
-    /// Padding to 80 bytes.
-    pub _pad: u32,
+    /// Row entries per cutoff `scan` workgroup, a multiple of its workgroup size (tuning only:
+    /// the cut-offs never depend on it).
+    pub cut_slice: u32,
 }
 
 /// `Params::flags`: the window's rows start on 16-byte boundaries; 16-byte loads are allowed.

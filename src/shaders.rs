@@ -78,7 +78,7 @@ impl Kernel {
     /// The entry points the library dispatches.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Cutoff => &["main"],
+            Kernel::Cutoff => &["init", "scan", "pick"],
             Kernel::RowStats => &["block"],
             Kernel::Verify => &["main", "block_settle"],
             Kernel::BlockMass => &["main"],

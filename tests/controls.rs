@@ -5,7 +5,9 @@
 
 mod common;
 use common::*;
-use specdec::{Draft, Error, Logits, Request, SamplingParams, Verifier, VerifyBatch};
+use specdec::{
+    Draft, Error, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch,
+};
 
 /// A random control setting (each of the three on or off, and their combinations).
 fn random_controls(g: &mut Gen, v: usize) -> Controls {
@@ -163,6 +165,32 @@ fn gpu_cutoffs_equal_the_twin() {
             a.len()
         );
     }
+}
+
+/// The cut-offs do not depend on how the GPU splits the rows: many small scan workgroups per
+/// row (32 lanes, 256 entries each) and windows of two rows give the twin's cut-offs bit for bit.
+#[test]
+fn gpu_cutoffs_do_not_depend_on_the_split() {
+    if gpu().is_none() {
+        return;
+    }
+    let vocab = 4097usize;
+    let split = Verifier::new(VerifierOptions {
+        workgroup_size: Some(32),
+        target_workgroups: 1 << 20,
+        max_binding_bytes: Some(2 * vocab as u64 * 4 + 256),
+        ..VerifierOptions::default()
+    })
+    .unwrap();
+    let (o, _) = batch(400, vocab, 24);
+    let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+    let b = split.cutoffs_blocking(&o.batch()).unwrap();
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{differ} of {} cut-offs differ", a.len());
 }
 
 #[test]

@@ -109,14 +109,16 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 6] = [
-    "cutoff.main",
+const FIXED_64: [&str; 5] = [
     "row_stats.block",
     "verify.main",
     "verify.block_settle",
     "block_mass.main",
     "residual_argmax.merge",
 ];
+
+/// Entry points whose workgroup size is fixed at 256 (one lane per histogram bin), not `WG`.
+const FIXED_256: [&str; 2] = ["cutoff.init", "cutoff.pick"];
 
 /// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
 fn resolve<'a>(
@@ -150,10 +152,12 @@ fn resolve<'a>(
         .iter()
         .find(|ep| ep.name == entry)
         .ok_or_else(|| format!("entry point {entry} lost by process_overrides"))?;
-    // Entry points sized by `WG` must take the override; the others (64 lanes by design) keep
+    // Entry points sized by `WG` must take the override; the others (64 or 256 lanes by design) keep
     // their literal size.
     let expected = if FIXED_64.contains(&qualified) {
         [64, 1, 1]
+    } else if FIXED_256.contains(&qualified) {
+        [256, 1, 1]
     } else {
         [wg, 1, 1]
     };

@@ -88,7 +88,8 @@ fn params_structs_match_wgsl_layout() {
             num_chunks,
             block_chunks,
             stats_blocks,
-            flags
+            flags,
+            cut_slice
         ]
     );
     check_layout!(
