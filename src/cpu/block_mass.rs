@@ -22,7 +22,8 @@ pub(crate) fn row_mass(
     let inv_t = info.inv_temperature;
     // One division per row, as the kernel (and the residual pass) does.
     let (inv_sum, inv_qsum) = (1.0 / st.t_sum, 1.0 / st.q_sum);
-    let usable = |x: f32, c: f32| !(x < c) && x != f32::NEG_INFINITY && !x.is_nan();
+    // (NaN never counts; with x not NaN, `x >= c` is "not below the cut-off".)
+    let usable = |x: f32, c: f32| !x.is_nan() && x >= c && x != f32::NEG_INFINITY;
     let term = |y: usize| -> f32 {
         if y >= v {
             return 0.0;
