@@ -5,8 +5,8 @@
 //! memory-bandwidth ceilings measured by the same run and with vLLM's anchors on an H200.
 
 use crate::{
-    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Request, SamplingParams, Verifier,
-    VerifierOptions, VerifyBatch, VerifyOutput,
+    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Request, Rule, SamplingParams,
+    Verifier, VerifierOptions, VerifyBatch, VerifyOutput,
 };
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -92,6 +92,9 @@ pub struct BenchConfig {
     /// Target logits as bfloat16 (values rounded to bf16 first, so the f32 twin sees the same
     /// numbers); draft rows stay f32.
     pub bf16: bool,
+    /// Every non-greedy request uses [`Rule::Block`] (with draft probabilities or logits this
+    /// runs the block_mass pass and verify's block_settle entry).
+    pub block: bool,
 }
 
 impl BenchConfig {
@@ -111,6 +114,7 @@ impl BenchConfig {
             shader_int64: true,
             top_p: 1.0,
             bf16: false,
+            block: false,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -129,6 +133,7 @@ impl BenchConfig {
             shader_int64: true,
             top_p: 1.0,
             bf16: false,
+            block: false,
         }
     }
 }
@@ -299,12 +304,16 @@ fn drafts_for(target: &[f32], v: usize, r: usize, k: usize, seed: u64) -> Vec<i3
     d
 }
 
-fn requests_for(mode: BenchMode, r: usize, k: u32, top_p: f32) -> Vec<Request> {
+fn requests_for(mode: BenchMode, r: usize, k: u32, cfg: &BenchConfig) -> Vec<Request> {
     let t = if mode == BenchMode::Greedy { 0.0 } else { 1.0 };
+    let rule = if cfg.block { Rule::Block } else { Rule::Exact };
     (0..r)
         .map(|i| Request {
             num_drafts: k,
-            params: SamplingParams::seeded(t, 1000 + i as u64).with_top_p(top_p),
+            params: SamplingParams {
+                rule,
+                ..SamplingParams::seeded(t, 1000 + i as u64).with_top_p(cfg.top_p)
+            },
             position: 64 * i as u64,
         })
         .collect()
@@ -435,7 +444,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
                 );
                 for &mode in &cfg.modes {
-                    let requests = requests_for(mode, ru, k, cfg.top_p);
+                    let requests = requests_for(mode, ru, k, cfg);
                     let draft_host: Option<&[f32]> = match mode {
                         BenchMode::DraftProbs => {
                             softmax_rows(&host_d[..n_d], vu, &mut probs);
@@ -573,7 +582,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                 ku,
                 u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
             );
-            let requests = requests_for(mode, ru, k, cfg.top_p);
+            let requests = requests_for(mode, ru, k, cfg);
             if mode == BenchMode::DraftProbs {
                 softmax_rows(&host_d[..n_d], vu, &mut probs);
                 queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
@@ -882,7 +891,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                     u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
                 );
                 for &mode in &cfg.modes {
-                    let requests = requests_for(mode, ru, k, cfg.top_p);
+                    let requests = requests_for(mode, ru, k, cfg);
                     if mode == BenchMode::DraftProbs {
                         softmax_rows(&host_d[..n_d], vu, &mut probs);
                     }
@@ -1264,6 +1273,7 @@ Options:
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16              target logits as bfloat16 (draft rows stay f32)
+  --block             sampled requests use block verification (Rule::Block)
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
@@ -1300,6 +1310,7 @@ pub fn main_with_args(args: &[String]) -> i32 {
                 "--no-baseline" => cfg.baseline_reps = 0,
                 "--portable" => cfg.shader_int64 = false,
                 "--bf16" => cfg.bf16 = true,
+                "--block" => cfg.block = true,
                 "--top-p" => {
                     cfg.top_p = value()?
                         .parse()
