@@ -18,25 +18,13 @@
 // p and q are computed as the residual pass computes them (one division per row, the same
 // cut-offs), so the mass is the mass of the residual that pass samples from.
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+// Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> row_stats: array<RowStats>;
 @group(0) @binding(6) var<storage, read> cutoffs: array<f32>;
 // Chunk partials of R: total_rows × num_chunks (only rows that need one are written).
 @group(0) @binding(7) var<storage, read_write> masses: array<f32>;
-
-// Element i of the target / draft binding, whatever its element type (see `widen`).
-fn t_elem(i: u32) -> f32 {
-    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
-}
-fn d_elem(i: u32) -> f32 {
-    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
-}
 
 var<workgroup> sh_sum: array<f32, CHUNK_LANES>;
 

@@ -35,9 +35,7 @@
 // return at once. Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
 // only; otherwise z has one value).
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+// Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> cutoffs: array<f32>;
@@ -45,16 +43,6 @@
 // of the dispatch first, then their draft rows (see state_at). The host dispatches the rows in
 // groups small enough for this buffer and reuses it group after group.
 @group(0) @binding(6) var<storage, read_write> state: array<atomic<u32>>;
-
-// Element i of the target / draft binding, whatever its element type (see `widen`).
-fn t_elem(i: u32) -> f32 {
-    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
-}
-fn d_elem(i: u32) -> f32 {
-    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
-}
 
 const BINS: u32 = 256u;
 // Smallest key of a finite value (-f32::MAX); -inf maps just below it.

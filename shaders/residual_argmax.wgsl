@@ -15,9 +15,7 @@
 // in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
 // Dispatch `merge`: one workgroup per request folds its blocks and writes the token.
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+// Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_stats: array<RowStats>;
 @group(0) @binding(5) var<storage, read> tasks: array<Task>;
@@ -25,16 +23,6 @@
 @group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
 // Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
-
-// Element i of the target / draft binding, whatever its element type (see `widen`).
-fn t_elem(i: u32) -> f32 {
-    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
-}
-fn d_elem(i: u32) -> f32 {
-    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
-}
 
 var<workgroup> sh_rk: array<f32, MAX_WG>;
 var<workgroup> sh_ri: array<u32, MAX_WG>;

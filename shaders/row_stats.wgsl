@@ -15,9 +15,7 @@
 // is non-finite: the verify pass stops the request there and emits the row's argmax.
 // Argmax ties go to the lowest index; an all -inf / NaN row reports index 0.
 
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
-@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+// Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> chunk_stats: array<RowStats>;
@@ -28,31 +26,12 @@
 // then draft rows after total_rows. Entries below a row's cut-off count as -inf.
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
-// Element i of the target / draft binding, whatever its element type (see `widen`).
-fn t_elem(i: u32) -> f32 {
-    if (PLAIN_F32) {
-        return bitcast<f32>(target_logits[i]);
-    }
-    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
-}
-fn d_elem(i: u32) -> f32 {
-    if (PLAIN_F32) {
-        return bitcast<f32>(draft_values[i]);
-    }
-    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
-    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
-}
-
 // Pipeline specialisations (override constants, so a pipeline without them carries none of
 // their code or registers): RAW_SUMS also reduces the raw rows (raw logprobs; the batch sets
 // PARAM_RAW), ENTROPY keeps Σ exp(z) z for typical-acceptance rows.
 override RAW_SUMS: bool = false;
 override ENTROPY: bool = false;
-// PLAIN_F32: every row is f32 and no request filters (no cut-off): loads are plain f32 and the
-// cut-off mask is skipped. The generic path's dtype-dispatching loads and mask cost row_stats
-// 12-45 % on an H200 even when unused (measured with `bench`), so it is a specialisation too.
-override PLAIN_F32: bool = false;
+// PLAIN_F32 (declared in rows.wgsl): f32 rows and no cut-off; skips the mask too.
 
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {

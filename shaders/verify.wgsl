@@ -32,6 +32,13 @@
 // Chunk partials of the block masses R_j (block_mass.wgsl), read by block_settle only.
 @group(0) @binding(8) var<storage, read> masses: array<f32>;
 
+// Pipeline specialisations, as in row_stats (the same SPECIAL_* bits pick them): RAW_SUMS merges
+// the raw sums (raw logprobs), ENTROPY the entropy numerators (typical acceptance). Off, their
+// rescaling (an exp per chunk each) is not compiled in: the merge is a chain of dependent folds,
+// so every exp in it adds latency to each request.
+override RAW_SUMS: bool = false;
+override ENTROPY: bool = false;
+
 // Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
 fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
     if (is_neg_inf(m)) {
@@ -46,19 +53,26 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
     let m_new = max(acc.t_max, o.t_max);
     if (with_sum) {
         // (t_ent is 0 on rows that do not keep it, and stays 0 here.)
-        acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t) + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
+        if (ENTROPY) {
+            acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t) + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
+        }
         acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
     }
     if (o.t_max > acc.t_max || (o.t_max == acc.t_max && o.t_arg < acc.t_arg)) {
         acc.t_arg = o.t_arg;
     }
     acc.t_max = m_new;
-    let qm_new = max(acc.q_max, o.q_max);
-    acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
-    acc.q_max = qm_new;
-    let wm_new = max(acc.raw_max, o.raw_max);
-    acc.raw_sum = rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0) + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
-    acc.raw_max = wm_new;
+    // Only draft logits have a softmax to merge (q_max / q_sum are unused otherwise).
+    if (params.draft_kind == DRAFT_LOGITS) {
+        let qm_new = max(acc.q_max, o.q_max);
+        acc.q_sum = rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
+        acc.q_max = qm_new;
+    }
+    if (RAW_SUMS) {
+        let wm_new = max(acc.raw_max, o.raw_max);
+        acc.raw_sum = rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0) + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
+        acc.raw_max = wm_new;
+    }
     acc.flags |= o.flags;
     return acc;
 }

@@ -129,6 +129,9 @@ fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
         // Every combination of SPECIAL_RAW, SPECIAL_ENTROPY and SPECIAL_PLAIN_F32.
         Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7],
+        // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
+        // specialisation keeps their rescaling out of the chunk merge when they are off.
+        Kernel::Verify => &[0, 1, 2, 3],
         _ => &[0],
     }
 }
@@ -489,6 +492,10 @@ impl GpuBackend {
                     .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
                 {
                     let mut constants = vec![("WG", f64::from(wg))];
+                    if kernel == Kernel::Verify {
+                        constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
+                        constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+                    }
                     if kernel == Kernel::RowStats {
                         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
                         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
@@ -1075,7 +1082,12 @@ impl GpuBackend {
                     }
                 },
                 &|pass| {
-                    pass.set_pipeline(self.pipeline(Kernel::Verify, "main"));
+                    let verify_special = special & (SPECIAL_RAW | SPECIAL_ENTROPY);
+                    pass.set_pipeline(self.special_pipeline(
+                        Kernel::Verify,
+                        "main",
+                        verify_special,
+                    ));
                     pass.set_bind_group(0, &verify_group, &[0]);
                     pass.dispatch_workgroups(n as u32, 1, 1);
                     if block_masses {
@@ -1094,7 +1106,11 @@ impl GpuBackend {
                                 1,
                             );
                         }
-                        pass.set_pipeline(self.pipeline(Kernel::Verify, "block_settle"));
+                        pass.set_pipeline(self.special_pipeline(
+                            Kernel::Verify,
+                            "block_settle",
+                            verify_special,
+                        ));
                         pass.set_bind_group(0, &verify_group, &[0]);
                         pass.dispatch_workgroups(n as u32, 1, 1);
                     }

@@ -4,6 +4,9 @@
 
 /// Declarations shared by every kernel (layouts, Philox, noise).
 pub const COMMON: &str = include_str!("../shaders/common.wgsl");
+/// The row bindings (0–2) and their loaders `t_elem` / `d_elem`, shared by the kernels that
+/// read logit rows ([`Kernel::reads_rows`]).
+pub const ROWS: &str = include_str!("../shaders/rows.wgsl");
 /// `mulhi32` for any device (16-bit halves).
 pub const MULHI_U32: &str = include_str!("../shaders/mulhi_u32.wgsl");
 /// `mulhi32` for devices with `SHADER_INT64` (one wide multiply).
@@ -88,8 +91,16 @@ impl Kernel {
         }
     }
 
+    /// True for the kernels that read logit rows: they bind them through [`ROWS`].
+    pub fn reads_rows(self) -> bool {
+        matches!(
+            self,
+            Kernel::Cutoff | Kernel::RowStats | Kernel::BlockMass | Kernel::ResidualArgmax
+        )
+    }
+
     /// The full source handed to the device for `variant`: common declarations, the `mulhi32`
-    /// of the variant, then the kernel.
+    /// of the variant, [`ROWS`] for the kernels that read rows, then the kernel.
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
     /// replaces the built-in kernel body (to time shader experiments on a device without
@@ -104,7 +115,8 @@ impl Kernel {
             .map(|dir| std::path::Path::new(&dir).join(format!("{}.wgsl", self.name())))
             .and_then(|path| std::fs::read_to_string(path).ok())
             .unwrap_or_else(|| self.body().to_string());
-        format!("{COMMON}\n{mulhi}\n{body}")
+        let rows = if self.reads_rows() { ROWS } else { "" };
+        format!("{COMMON}\n{mulhi}\n{rows}\n{body}")
     }
 }
 

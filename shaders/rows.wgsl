@@ -1,0 +1,33 @@
+// rows — the bindings and loaders of the logit rows, shared by every kernel that reads them
+// (cutoff, row_stats, block_mass, residual_argmax). `Kernel::source` prepends this file after
+// common.wgsl; each kernel declares its other bindings (3 and up) itself. WGSL cannot pass a
+// storage array to a function, so loaders need their bindings declared at module scope: declared
+// once here, the four kernels read the rows exactly alike.
+
+@group(0) @binding(0) var<uniform> params: Params;
+// The window's target rows and draft rows (probabilities or logits), as 32-bit words: f32 values,
+// or two f16 / bf16 values per word (see `widen`).
+@group(0) @binding(1) var<storage, read> target_logits: array<u32>;
+@group(0) @binding(2) var<storage, read> draft_values: array<u32>;
+
+// PLAIN_F32 (set only in row_stats pipelines): every row is f32 and no request filters, so loads
+// are plain f32 (and row_stats skips the cut-off mask). The dtype-dispatching loads cost row_stats
+// 12-45 % on an H200 even when unused (measured with `bench`), hence a specialisation. In the
+// other kernels it stays false and the branch compiles away.
+override PLAIN_F32: bool = false;
+
+// Element i of the target / draft binding, whatever its element type.
+fn t_elem(i: u32) -> f32 {
+    if (PLAIN_F32) {
+        return bitcast<f32>(target_logits[i]);
+    }
+    let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
+}
+fn d_elem(i: u32) -> f32 {
+    if (PLAIN_F32) {
+        return bitcast<f32>(draft_values[i]);
+    }
+    let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+    return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
+}
