@@ -798,8 +798,14 @@ impl GpuBackend {
         } else {
             0
         };
-        ws.cutoffs
-            .ensure(dev, ((plan.total_rows + plan.total_drafts) * 4) as u64);
+        // Cut-offs only exist when some request filters; otherwise the buffer is bound unread
+        // (row_stats and the residual pass check PARAM_CUTOFF) and its minimum size will do.
+        let cut_words = if filters {
+            plan.total_rows + plan.total_drafts
+        } else {
+            0
+        };
+        ws.cutoffs.ensure(dev, (cut_words * 4) as u64);
         // Block masses: a partial per (row, chunk), only for batches with block requests that
         // give a draft distribution (the others bind the dummy).
         let block_masses = plan.block_masses();
