@@ -17,21 +17,22 @@ const ALPHA: f64 = 1e-6;
 const V: usize = 5;
 const K: usize = 3;
 
-/// Fixed rows and drafts: draft tokens of moderate probability, so rejections are common and
-/// the block rule has something to rescue.
+/// The one-hot problem: the rows of [`dist_problem`] with the fixed drafts
+/// [`ONE_HOT_DRAFTS`], tokens of moderate probability, so rejections are common and the block
+/// rule has something to rescue.
 fn problem() -> (Vec<Vec<f32>>, Vec<i32>) {
-    let p: [[f64; V]; K + 1] = [
-        [0.35, 0.25, 0.2, 0.15, 0.05],
-        [0.1, 0.45, 0.2, 0.15, 0.1],
-        [0.3, 0.3, 0.2, 0.1, 0.1],
-        [0.2, 0.2, 0.2, 0.2, 0.2],
-    ];
-    let rows = p
-        .iter()
-        .map(|r| r.iter().map(|x| x.ln() as f32).collect())
-        .collect();
-    (rows, vec![1, 1, 0])
+    (
+        dist_problem().0,
+        ONE_HOT_DRAFTS.iter().map(|&d| d as i32).collect(),
+    )
 }
+
+/// The one-hot problem as a [`Setting`]: T = 1, no controls.
+const ONE_HOT: Setting = Setting {
+    kind: 0,
+    t: 1.0,
+    c: Controls::OFF,
+};
 
 struct Run {
     /// Tokens of every position 0..=K: emitted ones, then fresh draws from p_i.
@@ -39,56 +40,15 @@ struct Run {
     accepted: Vec<usize>,
 }
 
+/// `n` steps of `rule` on the one-hot problem.
 fn run(v: &Verifier, rule: Rule, n: usize, seed: u64) -> Run {
-    let (rows, drafts) = problem();
-    let ps: Vec<Vec<f64>> = rows.iter().map(|r| softmax(r, 1.0)).collect();
-    let mut g = Gen::new(seed);
-    let mut out = Run {
-        seqs: Vec::new(),
-        accepted: Vec::new(),
-    };
-    while out.seqs.len() < n {
-        let m = 8192.min(n - out.seqs.len());
-        let reqs: Vec<_> = (0..m)
-            .map(|_| {
-                (
-                    SamplingParams {
-                        rule,
-                        ..SamplingParams::seeded(1.0, g.u64())
-                    },
-                    drafts.clone(),
-                    rows.clone(),
-                )
-            })
-            .collect();
-        let mut b = explicit(V as u32, &reqs);
-        for (i, r) in b.requests.iter_mut().enumerate() {
-            r.position = (i as u64 * 7919) % 100_000;
-        }
-        let o = v.verify_blocking(&b.batch()).expect("verify");
-        for r in 0..m {
-            let e = o.emitted(r);
-            let mut s = [0usize; K + 1];
-            for (i, slot) in s.iter_mut().enumerate() {
-                *slot = if i < e.len() {
-                    e[i] as usize
-                } else {
-                    g.sample(&ps[i])
-                };
-            }
-            out.seqs.push(s);
-            out.accepted.push(o.accepted(r));
-        }
-    }
-    out
+    run_dist(v, rule, ONE_HOT, n, seed)
 }
 
 /// Every position's marginal and the pairs (0, 1), (1, 2), (0, 3) against the product law
 /// of the one-hot problem at T = 1.
 fn exact(r: &Run) -> Result<(), String> {
-    let (rows, _) = problem();
-    let ps: Vec<Vec<f64>> = rows.iter().map(|r| softmax(r, 1.0)).collect();
-    exact_against(r, &ps)
+    exact_against(r, &ONE_HOT.ps())
 }
 
 /// Every position's marginal against `ps[i]` and the pairs (0, 1), (1, 2), (0, 3) against the
