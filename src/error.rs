@@ -40,11 +40,6 @@ pub enum Error {
         /// Which control and why.
         reason: String,
     },
-    /// A combination of options this version does not implement.
-    Unsupported {
-        /// What, and what to use instead.
-        what: String,
-    },
     /// `draft_token_ids` does not hold Σ num_drafts ids.
     DraftIdCount {
         /// Σ num_drafts over the requests.
@@ -174,7 +169,6 @@ impl fmt::Display for Error {
             Error::InvalidSampling { request, reason } => {
                 write!(f, "request {request}: {reason}")
             }
-            Error::Unsupported { what } => write!(f, "not supported: {what}"),
             Error::DraftIdCount { expected, got } => write!(
                 f,
                 "draft_token_ids has {got} ids but the requests' num_drafts add up to {expected}"
