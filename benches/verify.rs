@@ -13,5 +13,5 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    std::process::exit(specdec::bench::main_with_args(&args));
+    std::process::exit(specdec::tools::bench::main_with_args(&args));
 }

@@ -21,7 +21,7 @@ use specdec::models::{
     generate, models_dir, GenerateOptions, GreedyDraft, LoadOptions, Model, Weights,
     QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
 };
-use specdec::spec::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
+use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
 use specdec::{DeviceChoice, SamplingParams, Verifier, VerifierOptions};
 
 fn main() -> ExitCode {

@@ -1,7 +1,7 @@
 // gather_rows — copies rows by an index list: destination row i ← source row indices[i]. The
 // scorer uses it to contract batch-expanded target logits into the verifier's row layout
-// (src/spec/scorer.rs, ExpansionLayout::contraction). CPU twin: src/cpu/gather_rows.rs. Rust entry
-// point: src/spec/gather_rows.rs. Every wgpu object (module, layouts, pipeline, buffers, bind
+// (src/speculative/scorer.rs, ExpansionLayout::contraction). CPU twin: src/cpu/gather_rows.rs. Rust entry
+// point: src/speculative/gather_rows.rs. Every wgpu object (module, layouts, pipeline, buffers, bind
 // groups, pass) is labelled specdec.gather_rows.
 //
 // Written to follow shaders/common.wgsl (it uses the WG override declared there).

@@ -333,7 +333,7 @@ pub(crate) struct GpuBackend {
 
 /// A compute-stage bind group layout entry of `ty` at `binding`.
 ///
-/// `pub(crate)` so that `spec::gather_rows`, which builds its own pipeline outside
+/// `pub(crate)` so that `speculative::gather_rows`, which builds its own pipeline outside
 /// [`GpuBackend`], lays out its bindings with the same helpers instead of a copy.
 pub(crate) fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
@@ -346,7 +346,7 @@ pub(crate) fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGro
 
 /// A storage buffer binding type (no dynamic offset, no minimum size).
 ///
-/// `pub(crate)` for `spec::gather_rows` (see [`layout_entry`]).
+/// `pub(crate)` for `speculative::gather_rows` (see [`layout_entry`]).
 pub(crate) fn storage(read_only: bool) -> wgpu::BindingType {
     wgpu::BindingType::Buffer {
         ty: wgpu::BufferBindingType::Storage { read_only },
@@ -392,7 +392,7 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
 /// Runs `f` inside validation and out-of-memory error scopes and turns a captured error into
 /// `Error::Gpu` (wgpu's default handler would panic the host app).
 ///
-/// `pub(crate)` so that `spec::gather_rows` wraps its object creation and recording in the same
+/// `pub(crate)` so that `speculative::gather_rows` wraps its object creation and recording in the same
 /// scopes instead of a copy; it maps the `Error::Gpu` it gets to its own `SpecError::Gpu`.
 pub(crate) fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<T, Error> {
     let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
@@ -413,7 +413,7 @@ pub(crate) fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<
 /// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
 /// compute at all.
 ///
-/// `pub(crate)` so that `spec::gather_rows` picks its workgroup size the same way as the
+/// `pub(crate)` so that `speculative::gather_rows` picks its workgroup size the same way as the
 /// verifier's kernels instead of a copy of this clamp.
 pub(crate) fn workgroup_size(limits: &wgpu::Limits, requested: u32) -> u32 {
     let max_wg = limits
@@ -1513,7 +1513,7 @@ impl GpuBackend {
 
 /// A bind group entry over the whole of `buffer`.
 ///
-/// `pub(crate)` for `spec::gather_rows` (see [`layout_entry`]).
+/// `pub(crate)` for `speculative::gather_rows` (see [`layout_entry`]).
 pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
@@ -1523,7 +1523,7 @@ pub(crate) fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry
 
 /// A bind group entry over `size` bytes of `buffer` from byte `offset`.
 ///
-/// `pub(crate)` for `spec::gather_rows`, which binds chunks of the caller's buffers the same way
+/// `pub(crate)` for `speculative::gather_rows`, which binds chunks of the caller's buffers the same way
 /// (see [`layout_entry`]).
 pub(crate) fn ranged(
     binding: u32,
@@ -1573,7 +1573,7 @@ fn window_range(
 mod tests {
     use super::workgroup_size;
 
-    /// The shared clamp gives what `spec::gather_rows` computed on its own before it used it (the
+    /// The shared clamp gives what `speculative::gather_rows` computed on its own before it used it (the
     /// largest power of two within `min(limits, 256)`, at least 1 there), and never passes the
     /// limits for any request.
     #[test]

@@ -8,7 +8,7 @@
 //! token to emit next, so that the emitted text is distributed exactly as if the target had
 //! sampled it token by token (greedy, rejection sampling with draft probabilities, draft logits or
 //! one-hot drafts, synthetic rates). See `SPEC.md` of the project for the formulas and README.md
-//! for the API tour. [`spec`] builds the rest of a speculative decoder around the verifier:
+//! for the API tour. [`speculative`] builds the rest of a speculative decoder around the verifier:
 //! n-gram and draft-model proposers, the scorer, and the decode loop with its metrics.
 //!
 //! ```no_run
@@ -35,21 +35,29 @@
 #![warn(missing_docs)]
 
 mod batch;
-pub mod bench;
 mod cpu;
 pub mod device;
 mod error;
 mod gpu;
-pub mod layout;
 #[cfg(feature = "candle")]
 pub mod models;
 pub mod rng;
-pub mod selftest;
-pub mod shaders;
-pub mod spec;
-pub mod stats;
+pub mod speculative;
 pub mod synthetic;
 mod verifier;
+
+// Public for the shader tests (WGSL struct layouts against the `#[repr(C)]` mirrors, naga
+// translation to every backend), not an API: hidden so that the documentation a user reads shows
+// only the library. They sit at the top level because the GPU pipeline (`gpu`) is built on them.
+#[doc(hidden)]
+pub mod layout;
+#[doc(hidden)]
+pub mod shaders;
+// The `specdec` command's tools (benchmark, self-test, statistics), shared with the test suite.
+// A folder and a hidden module rather than a cargo feature: the CLI binary and the tests need them
+// in every build, and a feature would make `cargo test` depend on a flag.
+#[doc(hidden)]
+pub mod tools;
 
 pub use batch::{
     bf16_to_f32, f16_to_f32, Draft, Dtype, Fault, Logits, Request, Rule, SamplingParams, Status,

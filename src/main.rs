@@ -7,7 +7,7 @@
 //! ```
 
 use specdec::device::{decide, DeviceChoice};
-use specdec::selftest::{self, Size, CHECKS};
+use specdec::tools::selftest::{self, Size, CHECKS};
 use specdec::{Fault, Verifier, VerifierOptions};
 use std::io::Write;
 
@@ -54,7 +54,7 @@ fn main() {
         }
         Some("info") => info(&args[1..]),
         Some("selftest") => selftest_cmd(&args[1..]),
-        Some("bench") => specdec::bench::main_with_args(&args[1..]),
+        Some("bench") => specdec::tools::bench::main_with_args(&args[1..]),
         Some(other) => {
             eprintln!("specdec: unknown command {other:?}; try `specdec --help`");
             2

@@ -156,9 +156,9 @@ pub fn validate_variant(
 }
 
 /// `shaders/gather_rows.wgsl`: copies rows by an index list (the scorer's contraction of
-/// batch-expanded logits, [`crate::spec::GatherRows`]). It follows [`COMMON`] like every kernel,
+/// batch-expanded logits, [`crate::speculative::GatherRows`]). It follows [`COMMON`] like every kernel,
 /// but it is not a [`Kernel`] variant: the verifier's backend builds a pipeline and matches a
-/// bind group layout for every [`Kernel`], while this kernel belongs to `spec`, which builds its
+/// bind group layout for every [`Kernel`], while this kernel belongs to `speculative`, which builds its
 /// own pipeline. [`validate_gather_rows`] gives it the same naga check as [`validate_all`].
 pub const GATHER_ROWS: &str = include_str!("../shaders/gather_rows.wgsl");
 

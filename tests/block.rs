@@ -9,7 +9,7 @@
 
 mod common;
 use common::*;
-use specdec::stats::chi_square_gof;
+use specdec::tools::stats::chi_square_gof;
 use specdec::{Fault, Rule, SamplingParams, Verifier, VerifierOptions};
 use std::fmt::Write as _;
 

@@ -1,4 +1,4 @@
-//! Every kernel, `gather_rows` (the `spec` module's kernel) included, translates, with naga's
+//! Every kernel, `gather_rows` (the `speculative` module's kernel) included, translates, with naga's
 //! own backends, to every shading language wgpu may hand it to: SPIR-V (Vulkan), MSL (Metal),
 //! HLSL shader model 6.0 (DX12), GLSL ES 3.10 and GLSL 430 (GL / GLES). Each entry point is
 //! translated for each workgroup size the library can build (the `WG` override), after the

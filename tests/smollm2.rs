@@ -353,12 +353,12 @@ fn forward_last_returns_the_tail_rows() {
     ));
 }
 
-/// The glue to `specdec::spec`: SmolLM2 verifying its own first 20 layers through `SpecDecoder`
+/// The glue to `specdec::speculative`: SmolLM2 verifying its own first 20 layers through `SpecDecoder`
 /// on the CPU verifier emits exactly the plain greedy continuation.
 #[test]
 fn speculative_greedy_with_layer_skip_draft_equals_plain_greedy() {
     use specdec::models::GreedyDraft;
-    use specdec::spec::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
+    use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
     use specdec::{SamplingParams, Verifier, VerifierOptions};
 
     let w = weights();

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use specdec::stats::{binomial_z, chi_square_gof, GofOutcome};
+use specdec::tools::stats::{binomial_z, chi_square_gof, GofOutcome};
 use specdec::{Fault, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
 
 /// Significance of every χ² test: a correct sampler fails one with probability 1e-6.

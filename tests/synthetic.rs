@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use specdec::stats::binomial_z;
+use specdec::tools::stats::binomial_z;
 use specdec::synthetic::{conditional_for_mean_length, conditional_from_unconditional};
 use specdec::{Rule, Verifier, VerifyOutput};
 

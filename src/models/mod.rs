@@ -10,7 +10,7 @@
 //!   [`Model::layer_skip`] makes a self-speculation draft from the first layers.
 //! - [`Tokenizer`]: byte-level BPE from the GGUF metadata.
 //! - [`generate`]: plain greedy or sampled decoding, the baseline.
-//! - [`GreedyDraft`] and `impl SequenceModel for Model`: the glue to [`crate::spec`]'s
+//! - [`GreedyDraft`] and `impl SequenceModel for Model`: the glue to [`crate::speculative`]'s
 //!   `SpecDecoder` (target: `Sequences<Model>`, draft: `DraftModelProposer<GreedyDraft>`).
 //!
 //! ```no_run
@@ -33,7 +33,7 @@
 mod error;
 mod generate;
 mod model;
-mod spec;
+mod speculative;
 mod tokenizer;
 mod weights;
 
@@ -42,7 +42,7 @@ use std::path::PathBuf;
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use model::Model;
-pub use spec::GreedyDraft;
+pub use speculative::GreedyDraft;
 pub use tokenizer::{PreTokenizer, Tokenizer};
 pub use weights::{Architecture, Config, LoadOptions, RopeStyle, Weights};
 

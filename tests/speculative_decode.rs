@@ -5,16 +5,16 @@
 //! deliberately wrong decode loop as negative control.
 
 mod common;
-mod spec_mock;
+mod speculative_mock;
 
 use common::*;
-use spec_mock::*;
-use specdec::spec::{
+use speculative_mock::*;
+use specdec::speculative::{
     BatchExpansion, DecodeFault, DecoderConfig, DraftModelProposer, GenRequest, Generation,
     Metrics, NgramProposer, NoProposer, Proposer, RowKind, Sequences, SpecDecoder, StopReason,
     TargetModel,
 };
-use specdec::stats::chi_square_gof;
+use specdec::tools::stats::chi_square_gof;
 use specdec::{SamplingParams, Verifier};
 
 const V: usize = 48;
@@ -205,10 +205,10 @@ fn decoder_rejects_bad_requests_and_proposals() {
     impl Proposer for Greedy {
         fn propose(
             &mut self,
-            seqs: &[specdec::spec::SeqView<'_>],
+            seqs: &[specdec::speculative::SeqView<'_>],
             k: usize,
-            out: &mut specdec::spec::Proposals,
-        ) -> Result<(), specdec::spec::SpecError> {
+            out: &mut specdec::speculative::Proposals,
+        ) -> Result<(), specdec::speculative::SpecError> {
             out.begin(RowKind::OneHot, 0);
             for _ in seqs {
                 out.push(&vec![1; k + 1], &[])?;

@@ -3,11 +3,11 @@
 //! against its CPU twin (GPU, never skipped silently), its shader validation, and the metrics.
 
 mod common;
-mod spec_mock;
+mod speculative_mock;
 
 use common::*;
-use spec_mock::*;
-use specdec::spec::{
+use speculative_mock::*;
+use specdec::speculative::{
     gather_rows_cpu, proposal_cap, BatchExpansion, DraftModelProposer, ExpansionLayout, GatherRows,
     Metrics, NgramProposer, Proposals, Proposer, RowKind, ScoreInput, SeqView, Sequences,
     SpecError, TargetModel,
@@ -162,7 +162,7 @@ struct Unruly {
     bad_rows: bool,
 }
 
-impl specdec::spec::DraftModel for Unruly {
+impl specdec::speculative::DraftModel for Unruly {
     fn row_kind(&self) -> RowKind {
         RowKind::Probs
     }
@@ -174,7 +174,7 @@ impl specdec::spec::DraftModel for Unruly {
         seqs: &[SeqView<'_>],
         caps: &[usize],
         out: &mut Proposals,
-    ) -> Result<(), specdec::spec::ModelError> {
+    ) -> Result<(), specdec::speculative::ModelError> {
         for (i, _) in seqs.iter().enumerate() {
             let n = caps[i] + self.extra;
             let toks: Vec<u32> = (0..n as u32).collect();

@@ -11,9 +11,9 @@
 //! ```
 //!
 //! ```no_run
-//! use specdec::spec::{DecoderConfig, GenRequest, NgramProposer, SpecDecoder, TargetModel};
+//! use specdec::speculative::{DecoderConfig, GenRequest, NgramProposer, SpecDecoder, TargetModel};
 //! use specdec::{SamplingParams, Verifier, VerifierOptions};
-//! # fn demo(target: &mut impl TargetModel) -> Result<(), specdec::spec::SpecError> {
+//! # fn demo(target: &mut impl TargetModel) -> Result<(), specdec::speculative::SpecError> {
 //! let verifier = Verifier::auto(VerifierOptions::default())?;
 //! let mut decoder = SpecDecoder::new(&verifier, DecoderConfig { num_drafts: 4, eos: vec![2], ..Default::default() });
 //! let mut proposer = NgramProposer::new(1, 3)?;

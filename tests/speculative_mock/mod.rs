@@ -4,7 +4,7 @@
 //! model that agrees with it most of the time, and reference decoders computed directly from it.
 #![allow(dead_code)]
 
-use specdec::spec::{
+use specdec::speculative::{
     DraftModel, ModelError, Proposals, Query, RowKind, SeqView, SequenceModel, SingleQueryModel,
 };
 

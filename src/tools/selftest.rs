@@ -2,7 +2,7 @@
 //! rule (both halves of SPEC §4 by χ² at an exact quantile, and the acceptance rate), seeded
 //! replay, batch invariance, and GPU-vs-CPU-twin agreement, on the verifier under test.
 
-use crate::stats::{binomial_z, chi_square_gof};
+use crate::tools::stats::{binomial_z, chi_square_gof};
 use crate::{
     Draft, Logits, Request, Rule, SamplingParams, Status, Verifier, VerifierOptions, VerifyBatch,
     VerifyOutput,

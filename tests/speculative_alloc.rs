@@ -2,7 +2,7 @@
 //! reused `Proposals` buffers, further steps of the same shape make no heap allocation. Counted
 //! with a global allocator that tallies the calling thread's allocations.
 
-use specdec::spec::{
+use specdec::speculative::{
     DraftModel, DraftModelProposer, ModelError, NgramProposer, Proposals, Proposer, RowKind,
     SeqView,
 };

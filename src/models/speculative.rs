@@ -3,12 +3,12 @@
 //! [`DraftModel`] over any [`Model`] (a smaller model of the same tokenizer, or a layer-skip
 //! draft of the target's own weights).
 
-use crate::spec::{DraftModel, Proposals, RowKind, SeqView, SequenceModel};
+use crate::speculative::{DraftModel, Proposals, RowKind, SeqView, SequenceModel};
 
 use super::generate::argmax;
 use super::model::Model;
 
-type SpecModelError = crate::spec::ModelError;
+type SpecModelError = crate::speculative::ModelError;
 
 impl SequenceModel for Model {
     fn vocab_size(&self) -> usize {
