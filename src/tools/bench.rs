@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// vLLM's measured kernels on one H200 (`shared/anchors/vllm-h200.csv`), embedded so the binary
 /// is self-contained.
-pub const ANCHORS_CSV: &str = include_str!("../benches/anchors/vllm-h200.csv");
+pub const ANCHORS_CSV: &str = include_str!("../../benches/anchors/vllm-h200.csv");
 
 /// What a grid point verifies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
