@@ -2,6 +2,7 @@
 //! entries, bind group entries over whole or ranged buffers, the Params slot, and the error scope
 //! every GPU call runs in.
 
+use super::workspace::Workspace;
 use crate::error::Error;
 use crate::layout::Params;
 
@@ -88,5 +89,26 @@ pub(crate) fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<
             detail: e.to_string(),
         }),
         None => Ok(value),
+    }
+}
+
+/// The layout of a verification kernel: the Params slot (dynamic offset) at 0 and storage
+/// buffers at 1..=`last`; `writable` lists the read-write ones.
+pub(super) fn with_params(last: u32, writable: &[u32]) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let mut v = vec![layout_entry(0, params_uniform())];
+    v.extend((1..=last).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
+    v
+}
+
+/// The Params binding of every verification bind group: one slot of the workspace's Params
+/// buffer, chosen per dispatch by its dynamic offset.
+pub(super) fn params_entry(ws: &Workspace) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: ws.params.get(),
+            offset: 0,
+            size: std::num::NonZeroU64::new(PARAMS_BYTES as u64),
+        }),
     }
 }

@@ -2,11 +2,28 @@
 //! for given counters, compared with the CPU twin by the tests) and the read-bandwidth kernel
 //! (the memory roofline `bench` reports). Neither touches a workspace.
 
-use super::bindings::{entry, scoped};
+use super::bindings::{entry, layout_entry, scoped, storage};
 use super::GpuBackend;
 use crate::error::Error;
 use crate::layout::*;
 use crate::shaders::Kernel;
+
+/// rng_check's bindings: the counters and the key it reads, the words it writes.
+pub(super) fn rng_check_layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    vec![
+        layout_entry(0, storage(true)),
+        layout_entry(1, storage(true)),
+        layout_entry(2, storage(false)),
+    ]
+}
+
+/// read_bandwidth's bindings: the data it reads, the sink it writes.
+pub(super) fn read_bandwidth_layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    vec![
+        layout_entry(0, storage(true)),
+        layout_entry(1, storage(false)),
+    ]
+}
 
 impl GpuBackend {
     /// Records the read-bandwidth kernel over all of `data` (a multiple of 16 bytes) with

@@ -2,7 +2,6 @@
 //! compute pipelines, built once per device and keyed by kernel, entry point, workgroup size and
 //! specialisation (`override` constants). Reads the WGSL sources; writes device objects only.
 
-use super::bindings::{layout_entry, params_uniform, storage};
 use super::GpuBackend;
 use crate::shaders::Kernel;
 use std::collections::HashMap;
@@ -38,29 +37,18 @@ fn specials(kernel: Kernel) -> &'static [u32] {
     }
 }
 
-/// The explicit bind group layout of a kernel. The verification kernels bind the Params slot
-/// (dynamic offset) at 0 and storage buffers at 1–5, 1–7 or 1–8; `writable` lists the read-write ones.
+/// The explicit bind group layout of a kernel, kept beside the kernel's `record_*` function. The
+/// verification kernels bind the Params slot (dynamic offset) at 0 and storage buffers at 1–6,
+/// 1–7 or 1–8 ([`super::bindings::with_params`]).
 fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let with_params = |last: u32, writable: &[u32]| {
-        let mut v = vec![layout_entry(0, params_uniform())];
-        v.extend((1..=last).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
-        v
-    };
     match kernel {
-        Kernel::Cutoff => with_params(6, &[5, 6]),
-        Kernel::RowStats => with_params(8, &[5]),
-        Kernel::Verify => with_params(8, &[5, 6, 7]),
-        Kernel::BlockMass => with_params(7, &[7]),
-        Kernel::ResidualArgmax => with_params(8, &[6, 7]),
-        Kernel::RngCheck => vec![
-            layout_entry(0, storage(true)),
-            layout_entry(1, storage(true)),
-            layout_entry(2, storage(false)),
-        ],
-        Kernel::ReadBandwidth => vec![
-            layout_entry(0, storage(true)),
-            layout_entry(1, storage(false)),
-        ],
+        Kernel::Cutoff => super::cutoff::layout_entries(),
+        Kernel::RowStats => super::row_stats::layout_entries(),
+        Kernel::Verify => super::verify::layout_entries(),
+        Kernel::BlockMass => super::block_mass::layout_entries(),
+        Kernel::ResidualArgmax => super::residual::layout_entries(),
+        Kernel::RngCheck => super::diagnostics::rng_check_layout_entries(),
+        Kernel::ReadBandwidth => super::diagnostics::read_bandwidth_layout_entries(),
     }
 }
 

@@ -17,6 +17,15 @@ pub(crate) type VerifyWords = Vec<u32>;
 pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>;
 
 impl GpuBackend {
+    /// Queues the copy of the packed output (`words` words) into the readback buffer.
+    pub(super) fn record_readback_copy(
+        encoder: &mut wgpu::CommandEncoder,
+        ws: &Workspace,
+        words: usize,
+    ) {
+        encoder.copy_buffer_to_buffer(ws.out.get(), 0, ws.readback.get(), 0, (words * 4) as u64);
+    }
+
     /// Starts mapping the readback of a recorded verification; the returned flag is set by
     /// wgpu's callback once the copy has landed.
     pub(crate) fn start_map(&self, ws: &Workspace, words: usize) -> MapFlag {

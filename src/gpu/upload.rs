@@ -1,7 +1,11 @@
 //! Step 4: the upload of a host batch. Copies the caller's host slices (target and draft logits)
-//! into the workspace's staging buffers, then records and submits the verification over them.
+//! into the workspace's staging buffers, then records and submits the verification over them;
+//! and, for every recorded verification, writes the plan's metadata (Params slots, requests,
+//! row_info, draft ids, rates) into the workspace.
 
-use super::bindings::scoped;
+use super::bindings::{scoped, PARAMS_BYTES};
+use super::shape::Shape;
+use super::windows::{bind_window, WindowRows};
 use super::workspace::Workspace;
 use super::{GpuBackend, GpuRows, Timestamps};
 use crate::batch::Plan;
@@ -70,5 +74,42 @@ impl GpuBackend {
             .map(|(b, d)| GpuRows::f32(b, 0).with_dtype(d.dtype()));
         self.record(&mut encoder, ws, plan, t, d, Timestamps::None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
+    }
+
+    /// Writes the Params slots (one per window, then one per cutoff group) and the plan's
+    /// tables into `ws`; returns the rows each window binds.
+    pub(super) fn write_metadata<'a>(
+        &self,
+        ws: &Workspace,
+        plan: &Plan,
+        shape: &Shape,
+        target: GpuRows<'a>,
+        draft: Option<GpuRows<'a>>,
+    ) -> Vec<WindowRows<'a>> {
+        let windows = &shape.windows;
+        let base = shape.base_params(plan);
+        let slot = shape.slot_size as usize;
+        let mut slots = vec![0u8; slot * (windows.len() + shape.cut.groups.len()).max(1)];
+        let mut rows = Vec::with_capacity(windows.len());
+        let mut window_params = Vec::with_capacity(windows.len());
+        for w in windows {
+            let (r, p) = bind_window(w, plan, target, draft, shape.align, shape.filters, &base);
+            rows.push(r);
+            window_params.push(p);
+        }
+        let group_params = shape.cut.group_params(windows, &window_params, plan.vocab);
+        for (i, p) in window_params.iter().chain(&group_params).enumerate() {
+            slots[i * slot..i * slot + PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(p));
+        }
+        if windows.is_empty() {
+            slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
+        }
+        let q = &self.queue;
+        q.write_buffer(ws.params.get(), 0, &slots);
+        q.write_buffer(ws.requests.get(), 0, bytemuck::cast_slice(&plan.reqs));
+        q.write_buffer(ws.row_info.get(), 0, bytemuck::cast_slice(&plan.row_info));
+        q.write_buffer(ws.draft_ids.get(), 0, bytemuck::cast_slice(&plan.draft_ids));
+        q.write_buffer(ws.rates.get(), 0, bytemuck::cast_slice(&plan.rates));
+        rows
     }
 }

@@ -2,7 +2,9 @@
 //! (metadata, statistics, cut-offs, candidates, packed output, readback, upload staging), grown to
 //! the batch and reused across calls through a small pool.
 
+use super::shape::Shape;
 use super::GpuBackend;
+use crate::batch::Plan;
 
 /// A buffer that grows (to the next power of two) when a batch needs more.
 pub(super) struct Grow {
@@ -105,5 +107,42 @@ impl GpuBackend {
         if result.is_ok() {
             self.give_back(ws);
         }
+    }
+
+    /// Grows the workspace to what `plan` in `shape` needs. Block masses, the cut-offs' scratch
+    /// and the cut-offs themselves are only sized for batches that run their passes (the others
+    /// bind the dummy or a minimum-size buffer they never read).
+    pub(super) fn ensure_workspace(&self, ws: &mut Workspace, plan: &Plan, shape: &Shape) {
+        let dev = &self.device;
+        let n = shape.n;
+        let slots = (shape.windows.len() + shape.cut.group_slots).max(1);
+        ws.params.ensure(dev, shape.slot_size * slots as u64);
+        ws.requests.ensure(dev, (n * 64) as u64);
+        ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
+        ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
+        ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
+        ws.block_stats.ensure(
+            dev,
+            plan.total_rows as u64 * u64::from(shape.num_chunks) * 48,
+        );
+        ws.row_stats.ensure(dev, (plan.total_rows * 48) as u64);
+        ws.tasks.ensure(dev, (n * 16) as u64);
+        ws.candidates
+            .ensure(dev, n as u64 * u64::from(shape.num_blocks) * 32);
+        ws.cutoffs.ensure(dev, (shape.cut.words * 4) as u64);
+        // Block masses: a partial per (row, chunk), only for batches with block requests that
+        // give a draft distribution (the others bind the dummy).
+        if shape.block_masses {
+            ws.masses.ensure(
+                dev,
+                plan.total_rows as u64 * u64::from(shape.num_chunks) * 4,
+            );
+        }
+        if shape.filters {
+            ws.cut_state
+                .ensure(dev, shape.cut.state_bytes(plan.total_rows));
+        }
+        ws.out.ensure(dev, (shape.out_words * 4) as u64);
+        ws.readback.ensure(dev, (shape.out_words * 4) as u64);
     }
 }
