@@ -1,0 +1,63 @@
+//! Pass 4: block_mass (`shaders/block_mass.wgsl`). Only for batches with block requests that
+//! give a draft distribution: per (row, chunk), the partial of
+//! `R_j = Σ_y max(ρ_j p_{j+1}(y) − q_{j+1}(y), 0)`. Reads the caller's rows, requests, row_info,
+//! verify's row statistics and the cut-offs; writes `masses` for verify's `block_settle`.
+
+use super::bindings::{entry, params_entry, with_params};
+use super::shape::Shape;
+use super::windows::WindowRows;
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::shaders::Kernel;
+
+/// block_mass' bindings: Params, target and draft rows, requests, row_info, row statistics,
+/// cut-offs, and the masses it writes.
+pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(7, &[7])
+}
+
+impl GpuBackend {
+    /// One block_mass bind group per window (none when the batch has no block masses).
+    pub(super) fn block_mass_groups(
+        &self,
+        ws: &Workspace,
+        shape: &Shape,
+        rows: &[WindowRows<'_>],
+    ) -> Vec<wgpu::BindGroup> {
+        if !shape.block_masses {
+            return Vec::new();
+        }
+        rows.iter()
+            .map(|r| {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.block_mass"),
+                    layout: &self.layouts[&Kernel::BlockMass],
+                    entries: &[
+                        params_entry(ws),
+                        r.target(),
+                        r.draft(&self.dummy),
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_info.get()),
+                        entry(5, ws.row_stats.get()),
+                        entry(6, ws.cutoffs.get()),
+                        entry(7, ws.masses.get()),
+                    ],
+                })
+            })
+            .collect()
+    }
+
+    /// Dispatches block_mass over every window: one workgroup per (chunk, row).
+    pub(super) fn record_block_mass(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        pass.set_pipeline(self.pipeline(Kernel::BlockMass, "main"));
+        for (i, w) in shape.windows.iter().enumerate() {
+            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            pass.dispatch_workgroups(shape.num_chunks, (w.row_end - w.row_begin) as u32, 1);
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Pass 1: cutoff (`shaders/cutoff.wgsl`). For batches where some request sets top-k / top-p /
+//! min-p, finds every filtered row's cut-off by radix select: reads the caller's target (and
+//! draft-logit) rows and the request table, writes `cutoffs` (one f32 per row) through the
+//! `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below the cut-off.
+
+use super::bindings::{entry, params_entry, with_params};
+use super::shape::Shape;
+use super::windows::{Window, WindowRows};
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::batch::Plan;
+use crate::layout::*;
+use crate::shaders::Kernel;
+
+/// Words of one row's slot in the cutoff kernel's scratch (STATE_WORDS in cutoff.wgsl): its
+/// stage and radix-select state, then a 256-bin histogram of 64-bit (hi, lo) sums.
+const CUT_STATE_WORDS: u64 = 528;
+/// Target rows per cutoff dispatch group: the scratch holds one group's slots (both sides:
+/// 17 MiB), bounded whatever the batch; larger windows are cut in groups run one after another.
+const CUT_GROUP_ROWS: usize = 4096;
+/// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
+/// histogram clear and flush cost more than its share of the row.
+const CUT_MIN_PER_LANE: u32 = 8;
+
+/// The cutoff kernel's bindings: Params, target and draft rows, requests, row_info, then the
+/// cut-offs and the scratch it writes.
+pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(6, &[5, 6])
+}
+
+/// The cutoff pass's grid: its scratch slots (target rows, then draft rows), the entries per scan
+/// workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and the
+/// (scan, pick) rounds: max, then min-p, four top-k and four top-p rounds when some request of
+/// the batch asks for them (rows that need fewer wait at DONE, for free).
+pub(super) struct CutShape {
+    /// Entries per scan workgroup (also in every Params: the kernels read it).
+    pub slice: u32,
+    /// Scan workgroups per row.
+    pub slices: u32,
+    /// 2 when draft-logit rows are cut too, else 1.
+    pub sides: u32,
+    /// (scan, pick) rounds after the first init.
+    pub steps: u32,
+    /// The row groups: (window, first row, end row), each with its own Params slot after the
+    /// windows' slots. Empty when no request filters.
+    pub groups: Vec<(usize, usize, usize)>,
+    /// Params slots to reserve for the groups: a bound on `groups.len()` (0 when no request
+    /// filters).
+    pub group_slots: usize,
+    /// Words of the cut-offs buffer (0 when no request filters).
+    pub words: usize,
+}
+
+impl CutShape {
+    /// The cutoff pass of `plan` over `windows` (`filters`: some request sets a filter).
+    pub fn new(g: &GpuBackend, plan: &Plan, windows: &[Window], filters: bool) -> CutShape {
+        let cut_logits = plan.draft_kind == DRAFT_LOGITS;
+        let cut_rows = plan.total_rows + if cut_logits { plan.total_drafts } else { 0 };
+        let cut_len = plan
+            .vocab
+            .max(if cut_logits { plan.draft_vocab } else { 0 });
+        let slice = g.cut_slice(cut_len, cut_rows);
+        let steps = {
+            let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
+            1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
+                + 4 * u32::from(filtered().any(|r| r.top_k != 0))
+                + 4 * u32::from(filtered().any(|r| r.top_p < 1.0))
+        };
+        let groups = if filters {
+            windows
+                .iter()
+                .enumerate()
+                .flat_map(|(i, w)| {
+                    (w.row_begin..w.row_end)
+                        .step_by(CUT_GROUP_ROWS)
+                        .map(move |a| (i, a, (a + CUT_GROUP_ROWS).min(w.row_end)))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        CutShape {
+            slice,
+            slices: cut_len.div_ceil(slice),
+            sides: if cut_logits { 2 } else { 1 },
+            steps,
+            groups,
+            group_slots: if filters {
+                plan.total_rows.div_ceil(CUT_GROUP_ROWS) + windows.len()
+            } else {
+                0
+            },
+            // Cut-offs only exist when some request filters; otherwise the buffer is bound
+            // unread (row_stats and the residual pass check PARAM_CUTOFF) and its minimum size
+            // will do.
+            words: if filters {
+                plan.total_rows + plan.total_drafts
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Bytes of the scratch: one group's slots on every side.
+    pub fn state_bytes(&self, total_rows: usize) -> u64 {
+        total_rows.min(CUT_GROUP_ROWS) as u64 * u64::from(self.sides) * CUT_STATE_WORDS * 4
+    }
+
+    /// The Params of every row group. A cutoff group reads its window's bindings from its own
+    /// first row on; its draft rows are still addressed from the window's first draft row.
+    pub fn group_params(
+        &self,
+        windows: &[Window],
+        window_params: &[Params],
+        vocab: u32,
+    ) -> Vec<Params> {
+        self.groups
+            .iter()
+            .map(|&(i, a, b)| {
+                let w = &windows[i];
+                Params {
+                    row_begin: a as u32,
+                    row_count: (b - a) as u32,
+                    t_elem_base: window_params[i].t_elem_base + ((a - w.row_begin) as u32) * vocab,
+                    ..window_params[i]
+                }
+            })
+            .collect()
+    }
+}
+
+impl GpuBackend {
+    /// Row entries per cutoff `scan` workgroup for `rows` filtered rows of `vocab`: about
+    /// `target_workgroups` workgroups in all, at least `CUT_MIN_PER_LANE` entries per lane, a
+    /// multiple of the workgroup size, and few enough slices per row for one dispatch
+    /// dimension. Tuning only: the cut-offs never depend on it (integer histograms).
+    pub fn cut_slice(&self, vocab: u32, rows: usize) -> u32 {
+        let max_slices = u64::from(
+            self.device
+                .limits()
+                .max_compute_workgroups_per_dimension
+                .max(1),
+        );
+        let want = (u64::from(vocab) * rows as u64).div_ceil(u64::from(self.target_workgroups));
+        let least = u64::from(vocab).div_ceil(max_slices);
+        let slice = want
+            .min(u64::from(vocab))
+            .max(least)
+            .max(u64::from(self.wg * CUT_MIN_PER_LANE));
+        (slice.next_multiple_of(u64::from(self.wg))).min(u64::from(u32::MAX / 2)) as u32
+    }
+
+    /// One cutoff bind group per window (none when no request filters).
+    pub(super) fn cutoff_groups(
+        &self,
+        ws: &Workspace,
+        shape: &Shape,
+        rows: &[WindowRows<'_>],
+    ) -> Vec<wgpu::BindGroup> {
+        if !shape.filters {
+            return Vec::new();
+        }
+        rows.iter()
+            .map(|r| {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.cutoff"),
+                    layout: &self.layouts[&Kernel::Cutoff],
+                    entries: &[
+                        params_entry(ws),
+                        r.target(),
+                        r.draft(&self.dummy),
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_info.get()),
+                        entry(5, ws.cutoffs.get()),
+                        entry(6, ws.cut_state.get()),
+                    ],
+                })
+            })
+            .collect()
+    }
+
+    /// Requests with top-k / top-p / min-p first get their rows' cut-offs. Per row group: init,
+    /// then (scan, pick) per stage. The groups reuse the scratch one after another (wgpu orders
+    /// dispatches sharing a buffer).
+    pub(super) fn record_cutoff(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        if !shape.filters {
+            return;
+        }
+        let cut = &shape.cut;
+        for (g, &(i, a, b)) in cut.groups.iter().enumerate() {
+            let rows = (b - a) as u32;
+            pass.set_bind_group(
+                0,
+                &groups[i],
+                &[((shape.windows.len() + g) as u64 * shape.slot_size) as u32],
+            );
+            pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
+            pass.dispatch_workgroups(1, rows, cut.sides);
+            for _ in 0..cut.steps {
+                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "scan"));
+                pass.dispatch_workgroups(cut.slices, rows, cut.sides);
+                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "pick"));
+                pass.dispatch_workgroups(1, rows, cut.sides);
+            }
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The wgpu backend. The files follow a verification through the GPU:
+//!
+//! 1. [`adapter`]: find and rank an adapter, negotiate the limits;
+//! 2. [`pipelines`]: the pipeline cache, built once per device;
+//! 3. [`workspace`]: the pooled buffers of one in-flight verification;
+//! 4. [`upload`]: a host batch copied in, the plan's metadata written;
+//! 5. [`checks`], [`shape`], [`windows`]: the host checks, the grid of every pass, the row
+//!    windows that fit one storage binding;
+//! 6. one file per pass, each with its `record_*` beside its bind group layout: [`cutoff`] →
+//!    [`row_stats`] → [`verify`] → [`block_mass`] → [`residual`] (residual_argmax);
+//! 7. [`readback`]: map, wait, copy the packed words out.
+//!
+//! [`bindings`] holds the small binding helpers and the error scope, [`diagnostics`] the
+//! rng_check and read-bandwidth kernels. [`GpuBackend::record`] calls the steps in that order.
+
+mod adapter;
+mod bindings;
+mod block_mass;
+mod checks;
+mod cutoff;
+mod diagnostics;
+mod pipelines;
+mod readback;
+mod residual;
+mod row_stats;
+mod shape;
+mod upload;
+mod verify;
+mod windows;
+mod workspace;
+
+pub(crate) use adapter::{enumerate, rank_adapters, workgroup_size};
+pub use adapter::{required_limits, select_adapter};
+pub(crate) use bindings::{entry, layout_entry, ranged, scoped, storage};
+pub(crate) use readback::MapFlag;
+pub(crate) use workspace::Workspace;
+
+use crate::batch::Plan;
+use crate::error::Error;
+use adapter::STORAGE_BUFFERS_NEEDED;
+use pipelines::{build_pipelines, Layouts, Pipelines};
+use shape::Shape;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A logits (or draft) buffer of the caller, with the byte offset of its first row and its
+/// element type.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuRows<'a> {
+    /// The buffer (needs `BufferUsages::STORAGE`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first row; a multiple of the element size (4 for f32, 2 for halves).
+    pub offset: u64,
+    /// Element type of the rows.
+    pub dtype: crate::Dtype,
+}
+
+impl<'a> GpuRows<'a> {
+    /// f32 rows starting `offset` bytes into `buffer`.
+    pub fn f32(buffer: &'a wgpu::Buffer, offset: u64) -> Self {
+        GpuRows {
+            buffer,
+            offset,
+            dtype: crate::Dtype::F32,
+        }
+    }
+    /// The same rows read as `dtype`.
+    pub fn with_dtype(self, dtype: crate::Dtype) -> Self {
+        GpuRows { dtype, ..self }
+    }
+}
+
+/// The draft distribution of a GPU-resident batch (rows in a GPU buffer).
+pub type GpuDraft<'a> = crate::Draft<GpuRows<'a>>;
+
+/// GPU timestamps of a recorded verification (profiling; needs `Features::TIMESTAMP_QUERY`).
+#[derive(Debug, Default)]
+pub enum Timestamps<'a> {
+    /// None.
+    #[default]
+    None,
+    /// At the beginning and the end of the one compute pass holding every dispatch.
+    Pass(wgpu::ComputePassTimestampWrites<'a>),
+    /// One pass per kernel (row_stats, verify, residual_argmax.block, residual_argmax.merge),
+    /// timestamps `first + 2i` (begin) and `first + 2i + 1` (end) of `query_set`: 8 queries.
+    PerKernel {
+        /// The query set.
+        query_set: &'a wgpu::QuerySet,
+        /// Index of the first of the 8 queries.
+        first: u32,
+    },
+}
+
+/// The device, its pipelines and the workspace pool.
+pub(crate) struct GpuBackend {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    wg: u32,
+    target_workgroups: u32,
+    max_binding: u64,
+    timeout: Duration,
+    layouts: Layouts,
+    pipelines: Pipelines,
+    /// The shader variant the pipelines were built from.
+    pub variant: crate::shaders::Variant,
+    pool: Mutex<Vec<Workspace>>,
+    dummy: wgpu::Buffer,
+    lost: Arc<Mutex<Option<String>>>,
+    owns_device: bool,
+    uncaptured: Arc<AtomicBool>,
+}
+
+impl GpuBackend {
+    /// Builds every pipeline on `device` and, when the device is ours (`owns_device`), installs
+    /// the handlers that keep wgpu's errors and a device loss from panicking the host.
+    pub fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        opts: &crate::VerifierOptions,
+        owns_device: bool,
+    ) -> Result<Self, Error> {
+        let limits = device.limits();
+        if limits.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS_NEEDED {
+            return Err(Error::RequestDevice {
+                detail: format!(
+                    "the device allows {} storage buffers per stage; the kernels need {}",
+                    limits.max_storage_buffers_per_shader_stage, STORAGE_BUFFERS_NEEDED
+                ),
+            });
+        }
+        let lost = Arc::new(Mutex::new(None));
+        let uncaptured = Arc::new(AtomicBool::new(false));
+        if owns_device {
+            // Our own device: nothing may reach wgpu's default handler, which panics.
+            let flag = uncaptured.clone();
+            device.on_uncaptured_error(Arc::new(move |_e: wgpu::Error| {
+                flag.store(true, Ordering::SeqCst);
+            }));
+            let lost_c = lost.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                *lost_c.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("{reason:?}: {message}"));
+            });
+        }
+        let wg = workgroup_size(&limits, opts.workgroup_size.unwrap_or(256));
+        let max_binding = opts
+            .max_binding_bytes
+            .map_or(limits.max_storage_buffer_binding_size, |m| {
+                m.min(limits.max_storage_buffer_binding_size)
+            });
+        let variant = crate::shaders::Variant {
+            int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
+        };
+        let (layouts, pipelines, dummy) = scoped(&device, || {
+            let (layouts, pipelines) = build_pipelines(&device, variant, wg);
+            let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.dummy"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+            (layouts, pipelines, dummy)
+        })?;
+        Ok(GpuBackend {
+            device,
+            queue,
+            info,
+            wg,
+            target_workgroups: opts.target_workgroups,
+            max_binding,
+            timeout: opts.timeout,
+            layouts,
+            pipelines,
+            variant,
+            pool: Mutex::new(Vec::new()),
+            dummy,
+            lost,
+            owns_device,
+            uncaptured,
+        })
+    }
+
+    fn check_alive(&self) -> Result<(), Error> {
+        if let Some(reason) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(Error::DeviceLost { detail: reason });
+        }
+        Ok(())
+    }
+
+    /// Records the whole verification of `plan` over `target` / `draft` into `encoder`, leaving
+    /// the packed output in `ws.out` and a copy queued into `ws.readback`. The steps, in data-flow
+    /// order: host checks, the workspace sized and its metadata written, then the passes
+    /// (cutoff → row_stats → verify → block_mass → residual_argmax) and the readback copy.
+    pub(crate) fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        ws: &mut Workspace,
+        plan: &Plan,
+        target: GpuRows<'_>,
+        draft: Option<GpuRows<'_>>,
+        timestamps: Timestamps<'_>,
+    ) -> Result<(), Error> {
+        self.check_alive()?;
+        // Host checks of the caller's buffers, before anything is recorded.
+        checks::check_buffers(plan, target, draft)?;
+        let max_rows = self.check_fit(plan, target, draft)?;
+        let shape = Shape::new(self, plan, target, draft, max_rows);
+        self.ensure_workspace(ws, plan, &shape);
+        let rows = self.write_metadata(ws, plan, &shape, target, draft);
+        let ws = &*ws;
+        scoped(&self.device, || {
+            let cutoff = self.cutoff_groups(ws, &shape, &rows);
+            let stats = self.row_stats_groups(ws, &rows);
+            let masses = self.block_mass_groups(ws, &shape, &rows);
+            let residual = self.residual_groups(ws, &rows);
+            let verify = self.verify_group(ws, &shape);
+            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
+                &|pass| {
+                    // The cut-offs are timed with row_stats when profiling per kernel.
+                    self.record_cutoff(pass, &shape, &cutoff);
+                    self.record_row_stats(pass, &shape, &stats);
+                },
+                &|pass| {
+                    self.record_verify(pass, &shape, &verify);
+                    if shape.block_masses {
+                        // Block requests with a draft distribution: their masses R_j, then the
+                        // joint decision (timed with verify when profiling per kernel).
+                        self.record_block_mass(pass, &shape, &masses);
+                        self.record_block_settle(pass, &shape, &verify);
+                    }
+                },
+                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_merge(pass, &shape, &residual),
+            ];
+            if !shape.windows.is_empty() {
+                record_phases(encoder, &phases, timestamps);
+            }
+            Self::record_readback_copy(encoder, ws, shape.out_words);
+        })
+        .map_err(|e| self.lift(e))
+    }
+
+    /// [`GpuBackend::diagnose`] for an error already typed.
+    fn lift(&self, e: Error) -> Error {
+        match e {
+            Error::Gpu { detail } => self.diagnose(detail),
+            other => other,
+        }
+    }
+
+    /// Turns a failure into `DeviceLost` when the device is gone: wgpu reports the loss through
+    /// its callback (our own devices) only once polled, and a destroyed device refuses
+    /// submissions without an error scope seeing it (the wait then names a submission that was
+    /// "not returned by a successful submission"). The loss is sticky: later calls fail fast.
+    pub(crate) fn diagnose(&self, detail: String) -> Error {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        if let Err(lost) = self.check_alive() {
+            return lost;
+        }
+        let refused = detail.contains("not been returned by a successful submission");
+        let invalid =
+            detail.contains("Device is invalid") || detail.to_lowercase().contains("device lost");
+        if refused || invalid {
+            let reason = format!(
+                "the device refused work ({})",
+                detail.lines().next().unwrap_or_default()
+            );
+            *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+            return Error::DeviceLost { detail: reason };
+        }
+        Error::Gpu { detail }
+    }
+}
+
+/// Records the four phases (cutoff + row_stats, verify + block_mass, residual_argmax.block,
+/// residual_argmax.merge). One compute pass holds every dispatch (wgpu orders dispatches that
+/// share buffers), except when profiling per kernel: then each phase gets its own timed pass.
+fn record_phases(
+    encoder: &mut wgpu::CommandEncoder,
+    phases: &[&dyn Fn(&mut wgpu::ComputePass<'_>); 4],
+    timestamps: Timestamps<'_>,
+) {
+    match timestamps {
+        Timestamps::PerKernel { query_set, first } => {
+            for (i, phase) in phases.iter().enumerate() {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("specdec.verify_phase"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set,
+                        beginning_of_pass_write_index: Some(first + 2 * i as u32),
+                        end_of_pass_write_index: Some(first + 2 * i as u32 + 1),
+                    }),
+                });
+                phase(&mut pass);
+            }
+        }
+        other => {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("specdec.verify_pass"),
+                timestamp_writes: match other {
+                    Timestamps::Pass(w) => Some(w),
+                    _ => None,
+                },
+            });
+            for phase in phases {
+                phase(&mut pass);
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Step 2: the pipeline cache. Every kernel's shader module, explicit bind group layout and
+//! compute pipelines, built once per device and keyed by kernel, entry point, workgroup size and
+//! specialisation (`override` constants). Reads the WGSL sources; writes device objects only.
+
+use super::GpuBackend;
+use crate::shaders::Kernel;
+use std::collections::HashMap;
+
+/// A pipeline cache key: kernel, entry point, workgroup size (the `WG` override) and the
+/// kernel's feature overrides (`SPECIAL_*` bits: row_stats' raw sums and entropy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PipelineKey {
+    kernel: Kernel,
+    entry: &'static str,
+    wg: u32,
+    special: u32,
+}
+
+/// row_stats specialisation: also sum the raw rows (raw logprobs).
+pub(super) const SPECIAL_RAW: u32 = 1;
+/// row_stats specialisation: also keep the entropy numerator (typical acceptance).
+pub(super) const SPECIAL_ENTROPY: u32 = 2;
+/// row_stats specialisation: f32 rows and no cut-off (plain loads, no mask).
+pub(super) const SPECIAL_PLAIN_F32: u32 = 4;
+
+/// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
+/// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
+/// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
+fn specials(kernel: Kernel) -> &'static [u32] {
+    match kernel {
+        // Every combination of SPECIAL_RAW, SPECIAL_ENTROPY and SPECIAL_PLAIN_F32.
+        Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7],
+        // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
+        // specialisation keeps their rescaling out of the chunk merge when they are off.
+        Kernel::Verify => &[0, 1, 2, 3],
+        _ => &[0],
+    }
+}
+
+/// The explicit bind group layout of a kernel, kept beside the kernel's `record_*` function. The
+/// verification kernels bind the Params slot (dynamic offset) at 0 and storage buffers at 1–6,
+/// 1–7 or 1–8 ([`super::bindings::with_params`]).
+fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
+    match kernel {
+        Kernel::Cutoff => super::cutoff::layout_entries(),
+        Kernel::RowStats => super::row_stats::layout_entries(),
+        Kernel::Verify => super::verify::layout_entries(),
+        Kernel::BlockMass => super::block_mass::layout_entries(),
+        Kernel::ResidualArgmax => super::residual::layout_entries(),
+        Kernel::RngCheck => super::diagnostics::rng_check_layout_entries(),
+        Kernel::ReadBandwidth => super::diagnostics::read_bandwidth_layout_entries(),
+    }
+}
+
+impl GpuBackend {
+    pub(super) fn pipeline(&self, kernel: Kernel, entry: &'static str) -> &wgpu::ComputePipeline {
+        self.special_pipeline(kernel, entry, 0)
+    }
+
+    pub(super) fn special_pipeline(
+        &self,
+        kernel: Kernel,
+        entry: &'static str,
+        special: u32,
+    ) -> &wgpu::ComputePipeline {
+        &self.pipelines[&PipelineKey {
+            kernel,
+            entry,
+            wg: self.wg,
+            special,
+        }]
+    }
+}
+
+/// The explicit bind group layout of every kernel, by kernel.
+pub(super) type Layouts = HashMap<Kernel, wgpu::BindGroupLayout>;
+/// The compute pipelines of one device, by key.
+pub(super) type Pipelines = HashMap<PipelineKey, wgpu::ComputePipeline>;
+
+/// Builds every kernel's layout and pipelines (every entry point, every specialisation) for
+/// workgroup size `wg`. Call inside an error scope: creation errors are reported there.
+pub(super) fn build_pipelines(
+    device: &wgpu::Device,
+    variant: crate::shaders::Variant,
+    wg: u32,
+) -> (Layouts, Pipelines) {
+    let mut layouts = HashMap::new();
+    let mut pipelines = HashMap::new();
+    for kernel in Kernel::ALL {
+        let label = format!("specdec.{}", kernel.name());
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(kernel.source(variant).into()),
+        });
+        let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &kernel_layout_entries(kernel),
+        });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(&label),
+            bind_group_layouts: &[Some(&bgl)],
+            immediate_size: 0,
+        });
+        for (&entry, &special) in kernel
+            .entry_points()
+            .iter()
+            .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
+        {
+            let constants = override_constants(kernel, wg, special);
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&format!("{label}.{entry}")),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+            pipelines.insert(
+                PipelineKey {
+                    kernel,
+                    entry,
+                    wg,
+                    special,
+                },
+                pipeline,
+            );
+        }
+        layouts.insert(kernel, bgl);
+    }
+    (layouts, pipelines)
+}
+
+/// The `override` constants of one pipeline: the workgroup size, and the specialisation bits
+/// as the 0/1 constants of the kernels that have them.
+fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static str, f64)> {
+    let mut constants = vec![("WG", f64::from(wg))];
+    if kernel == Kernel::Verify {
+        constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
+        constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+    }
+    if kernel == Kernel::RowStats {
+        constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
+        constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+        constants.push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));
+    }
+    constants
+}

@@ -1,0 +1,187 @@
+//! The last step: the readback. Maps the workspace's readback buffer once the submission is
+//! done, waits (bounded by the timeout, device loss reported), and copies the packed output words
+//! out; also the cut-off readback the tests use.
+
+use super::bindings::scoped;
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::error::Error;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Packed output words `[tokens | num_emitted | status]`.
+pub(crate) type VerifyWords = Vec<u32>;
+
+/// Set by the map callback: `Some(result)` once the readback is mapped (or failed).
+pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>;
+
+impl GpuBackend {
+    /// Queues the copy of the packed output (`words` words) into the readback buffer.
+    pub(super) fn record_readback_copy(
+        encoder: &mut wgpu::CommandEncoder,
+        ws: &Workspace,
+        words: usize,
+    ) {
+        encoder.copy_buffer_to_buffer(ws.out.get(), 0, ws.readback.get(), 0, (words * 4) as u64);
+    }
+
+    /// Starts mapping the readback of a recorded verification; the returned flag is set by
+    /// wgpu's callback once the copy has landed.
+    pub(crate) fn start_map(&self, ws: &Workspace, words: usize) -> MapFlag {
+        let flag: MapFlag = Arc::new(Mutex::new(None));
+        if words > 0 {
+            let flag_c = flag.clone();
+            ws.readback.get().slice(..(words * 4) as u64).map_async(
+                wgpu::MapMode::Read,
+                move |r| {
+                    *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                },
+            );
+        } else {
+            *flag.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
+        }
+        flag
+    }
+
+    /// Blocks until `submission` is done (bounded by the timeout).
+    pub(crate) fn wait(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), Error> {
+        match self.device.poll(wgpu::PollType::Wait {
+            submission_index: submission,
+            timeout: Some(self.timeout),
+        }) {
+            Ok(_) => self.check_alive(),
+            Err(wgpu::PollError::Timeout) => Err(Error::Timeout {
+                waited: self.timeout,
+            }),
+            Err(e) => Err(self.diagnose(e.to_string())),
+        }
+    }
+
+    /// Waits for `submission`, then for the readback's map callback, and copies the words out.
+    /// With several threads on one device, the thread whose poll completes our submission may
+    /// run our callback a moment after our own wait returned, so the flag is polled (and the
+    /// thread yields) until it is set, within the timeout.
+    pub(crate) fn wait_for_map(
+        &self,
+        submission: Option<wgpu::SubmissionIndex>,
+        ws: &Workspace,
+        words: usize,
+        flag: &MapFlag,
+    ) -> Result<VerifyWords, Error> {
+        let start = std::time::Instant::now();
+        self.wait(submission)?;
+        loop {
+            if let Some(w) = self.collect(ws, words, flag)? {
+                return Ok(w);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(Error::Timeout {
+                    waited: self.timeout,
+                });
+            }
+            self.poll_once()?;
+            std::thread::yield_now();
+        }
+    }
+
+    /// One non-blocking poll, for the async path.
+    pub(crate) fn poll_once(&self) -> Result<(), Error> {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.check_alive()
+    }
+
+    /// The call's timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Copies the mapped readback out once `flag` is set. `Ok(None)` while still pending.
+    pub(crate) fn collect(
+        &self,
+        ws: &Workspace,
+        words: usize,
+        flag: &MapFlag,
+    ) -> Result<Option<VerifyWords>, Error> {
+        let state = flag.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match state {
+            None => return Ok(None),
+            Some(Err(e)) => {
+                self.check_alive()?;
+                return Err(Error::Gpu {
+                    detail: format!("readback failed: {e}"),
+                });
+            }
+            Some(Ok(())) => {}
+        }
+        if words == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let slice = ws.readback.get().slice(..(words * 4) as u64);
+        let out = {
+            let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+                detail: format!("readback mapping: {e}"),
+            })?;
+            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+        };
+        ws.readback.get().unmap();
+        if self.owns_device && self.uncaptured.swap(false, Ordering::SeqCst) {
+            return Err(Error::Gpu {
+                detail: "an uncaptured wgpu error was reported during the call".into(),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The output buffer of a workspace (packed words) — for callers that keep results on the GPU.
+    pub(crate) fn output_buffer(ws: &Workspace) -> &wgpu::Buffer {
+        ws.out.get()
+    }
+
+    /// Reads back the first `n` cut-offs the last verification in `ws` left (test hook; blocks).
+    pub(crate) fn read_cutoffs(&self, ws: &Workspace, n: usize) -> Result<Vec<f32>, Error> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = (n * 4) as u64;
+        let read = scoped(&self.device, || {
+            let read = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.cutoffs.read"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("specdec.cutoffs.read"),
+                });
+            encoder.copy_buffer_to_buffer(ws.cutoffs.get(), 0, &read, 0, bytes);
+            self.queue.submit([encoder.finish()]);
+            read
+        })
+        .map_err(|e| self.lift(e))?;
+        let flag: MapFlag = Arc::new(Mutex::new(None));
+        let flag_c = flag.clone();
+        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        self.wait(None)?;
+        match flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(Ok(())) => {}
+            other => {
+                return Err(Error::Gpu {
+                    detail: format!("cut-off readback failed: {other:?}"),
+                })
+            }
+        }
+        let out =
+            bytemuck::cast_slice::<u8, f32>(&read.slice(..).get_mapped_range().map_err(|e| {
+                Error::Gpu {
+                    detail: format!("cut-off readback mapping: {e}"),
+                }
+            })?)
+            .to_vec();
+        Ok(out)
+    }
+}

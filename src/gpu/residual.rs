@@ -1,0 +1,100 @@
+//! Pass 5: residual_argmax (`shaders/residual_argmax.wgsl`). Samples the one token each
+//! non-greedy request still needs, by an exponential race (Gumbel-max) over the rejected row's
+//! residual or the bonus row: `block` writes one candidate per (request, vocabulary block) to
+//! `candidates`, `merge` picks the winner per request and writes it to `out`. Reads the caller's
+//! rows, requests, verify's row statistics and tasks, and the cut-offs.
+
+use super::bindings::{entry, params_entry, with_params};
+use super::shape::Shape;
+use super::windows::WindowRows;
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::shaders::Kernel;
+
+/// residual_argmax' bindings: Params, target and draft rows, requests, row statistics, tasks,
+/// then the candidates and output it writes, and the cut-offs.
+pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(8, &[6, 7])
+}
+
+impl GpuBackend {
+    /// Vocabulary entries per residual_argmax workgroup for `requests` requests of `vocab`: about
+    /// `target_workgroups / 4` workgroups in all (at least 4 entries per lane), a multiple of 4,
+    /// and few enough blocks for one dispatch dimension. Any value gives the same tokens (the
+    /// argmax does not depend on how it is split).
+    pub fn residual_block_len(&self, vocab: u32, requests: usize) -> u32 {
+        let max_blocks = self
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension
+            .max(1);
+        let lanes = 4 * self.wg;
+        let want = (u64::from(vocab) * requests as u64)
+            .div_ceil(u64::from(self.target_workgroups / 4).max(1));
+        let len = (want.min(u64::from(vocab)) as u32)
+            .next_multiple_of(lanes)
+            .max(lanes);
+        len.max(vocab.div_ceil(max_blocks).next_multiple_of(4))
+    }
+
+    /// One residual_argmax bind group per window.
+    pub(super) fn residual_groups(
+        &self,
+        ws: &Workspace,
+        rows: &[WindowRows<'_>],
+    ) -> Vec<wgpu::BindGroup> {
+        rows.iter()
+            .map(|r| {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.residual_argmax"),
+                    layout: &self.layouts[&Kernel::ResidualArgmax],
+                    entries: &[
+                        params_entry(ws),
+                        r.target(),
+                        r.draft(&self.dummy),
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_stats.get()),
+                        entry(5, ws.tasks.get()),
+                        entry(6, ws.candidates.get()),
+                        entry(7, ws.out.get()),
+                        entry(8, ws.cutoffs.get()),
+                    ],
+                })
+            })
+            .collect()
+    }
+
+    /// Dispatches residual_argmax's `block` over every window: one workgroup per (vocabulary
+    /// block, request). An all-greedy batch has nothing to resample and dispatches nothing.
+    pub(super) fn record_residual_blocks(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        if !shape.needs_residual {
+            return;
+        }
+        pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
+        for (i, w) in shape.windows.iter().enumerate() {
+            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            pass.dispatch_workgroups(shape.num_blocks, (w.req_end - w.req_begin) as u32, 1);
+        }
+    }
+
+    /// Dispatches residual_argmax's `merge`: one workgroup per request (nothing for an
+    /// all-greedy batch).
+    pub(super) fn record_residual_merge(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        if !shape.needs_residual {
+            return;
+        }
+        pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
+        pass.set_bind_group(0, &groups[0], &[0]);
+        pass.dispatch_workgroups(shape.n as u32, 1, 1);
+    }
+}

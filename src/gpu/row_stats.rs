@@ -1,0 +1,98 @@
+//! Pass 2: row_stats (`shaders/row_stats.wgsl`). Per window, per (row, block of chunks): the
+//! max and the sums of the target (and draft) softmax, masked by the cut-offs when some request
+//! filters. Reads the caller's rows, requests, row_info and cutoffs; writes `block_stats` (one
+//! 48-byte partial per (row, chunk)) for verify to merge.
+
+use super::bindings::{entry, params_entry, with_params};
+use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_PLAIN_F32, SPECIAL_RAW};
+use super::shape::Shape;
+use super::windows::WindowRows;
+use super::workspace::Workspace;
+use super::{GpuBackend, GpuRows};
+use crate::batch::Plan;
+use crate::layout::*;
+use crate::shaders::Kernel;
+
+/// row_stats' bindings: Params, target and draft rows, requests, row_info, the block statistics
+/// it writes, the vec4 views of the target and draft rows, the cut-offs.
+pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(8, &[5])
+}
+
+/// The row_stats specialisation of a batch: raw sums when some request asks for raw logprobs,
+/// the entropy numerator when some request uses typical acceptance, plain f32 loads when every
+/// row is f32 and nothing is cut.
+pub(super) fn special(
+    plan: &Plan,
+    filters: bool,
+    target: GpuRows<'_>,
+    draft: Option<GpuRows<'_>>,
+) -> u32 {
+    (if plan.logprob_flags() & PARAM_RAW != 0 {
+        SPECIAL_RAW
+    } else {
+        0
+    }) | if plan.reqs.iter().any(|r| r.flags & REQ_TYPICAL != 0) {
+        SPECIAL_ENTROPY
+    } else {
+        0
+    } | if !filters
+        && target.dtype == crate::Dtype::F32
+        && draft.is_none_or(|d| d.dtype == crate::Dtype::F32)
+    {
+        SPECIAL_PLAIN_F32
+    } else {
+        0
+    }
+}
+
+impl GpuBackend {
+    /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
+    /// workgroups in all. Tuning only: the statistics never depend on it.
+    pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {
+        let chunks = vocab.div_ceil(CHUNK as u32);
+        let total = chunks as u64 * rows as u64;
+        (total.div_ceil(u64::from(self.target_workgroups)) as u32).clamp(1, chunks)
+    }
+
+    /// One row_stats bind group per window.
+    pub(super) fn row_stats_groups(
+        &self,
+        ws: &Workspace,
+        rows: &[WindowRows<'_>],
+    ) -> Vec<wgpu::BindGroup> {
+        rows.iter()
+            .map(|r| {
+                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("specdec.row_stats"),
+                    layout: &self.layouts[&Kernel::RowStats],
+                    entries: &[
+                        params_entry(ws),
+                        r.target(),
+                        r.draft(&self.dummy),
+                        entry(3, ws.requests.get()),
+                        entry(4, ws.row_info.get()),
+                        entry(5, ws.block_stats.get()),
+                        r.target_vec4(&self.dummy),
+                        r.draft_vec4(&self.dummy),
+                        entry(8, ws.cutoffs.get()),
+                    ],
+                })
+            })
+            .collect()
+    }
+
+    /// Dispatches row_stats over every window: `stats_blocks` × the window's rows.
+    pub(super) fn record_row_stats(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        pass.set_pipeline(self.special_pipeline(Kernel::RowStats, "block", shape.special));
+        for (i, w) in shape.windows.iter().enumerate() {
+            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            pass.dispatch_workgroups(shape.stats_blocks, (w.row_end - w.row_begin) as u32, 1);
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The shape of one recorded verification: its row windows and every pass's grid (residual
+//! blocks, row_stats chunks, cutoff slices and groups), its specialisation and which optional
+//! passes run. Derived on the host from the plan, the caller's element types and the device;
+//! the workspace is sized from it and every `record_*` dispatches by it.
+
+use super::cutoff::CutShape;
+use super::windows::{plan_windows, Window};
+use super::{row_stats, GpuBackend, GpuRows};
+use crate::batch::Plan;
+use crate::layout::*;
+
+/// What the passes of one verification dispatch.
+pub(super) struct Shape {
+    /// Requests.
+    pub n: usize,
+    /// The row windows, each bound and dispatched on its own.
+    pub windows: Vec<Window>,
+    /// Bytes between two Params slots (the windows' slots, then the cutoff groups').
+    pub slot_size: u64,
+    /// Storage offset alignment of the device.
+    pub align: u64,
+    /// Vocabulary entries per residual_argmax block.
+    pub block_len: u32,
+    /// residual_argmax blocks per request.
+    pub num_blocks: u32,
+    /// Chunks per row (the statistics' unit).
+    pub num_chunks: u32,
+    /// Chunks per row_stats workgroup.
+    pub block_chunks: u32,
+    /// row_stats workgroups per row.
+    pub stats_blocks: u32,
+    /// The row_stats specialisation (`SPECIAL_*` bits; verify takes its optional sums).
+    pub special: u32,
+    /// Some request sets top-k / top-p / min-p: the cutoff pass runs.
+    pub filters: bool,
+    /// Block requests with a draft distribution: block_mass and `block_settle` run.
+    pub block_masses: bool,
+    /// Some request is not greedy: residual_argmax runs.
+    pub needs_residual: bool,
+    /// The cutoff pass.
+    pub cut: CutShape,
+    /// Words of the packed output.
+    pub out_words: usize,
+}
+
+impl Shape {
+    /// The shape of `plan` over the caller's rows, in windows of at most `max_rows` rows.
+    pub fn new(
+        g: &GpuBackend,
+        plan: &Plan,
+        target: GpuRows<'_>,
+        draft: Option<GpuRows<'_>>,
+        max_rows: usize,
+    ) -> Shape {
+        let limits = g.device.limits();
+        let n = plan.num_requests();
+        let windows = plan_windows(plan, max_rows);
+        let block_len = g.residual_block_len(plan.vocab, n);
+        let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
+        let block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
+        let filters = plan.filters();
+        let cut = CutShape::new(g, plan, &windows, filters);
+        Shape {
+            n,
+            slot_size: super::bindings::PARAM_SLOT
+                .max(u64::from(limits.min_uniform_buffer_offset_alignment)),
+            align: u64::from(limits.min_storage_buffer_offset_alignment),
+            block_len,
+            num_blocks: plan.vocab.div_ceil(block_len),
+            num_chunks,
+            block_chunks,
+            stats_blocks: num_chunks.div_ceil(block_chunks),
+            special: row_stats::special(plan, filters, target, draft),
+            filters,
+            block_masses: plan.block_masses(),
+            needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),
+            cut,
+            out_words: plan.out_words(),
+            windows,
+        }
+    }
+
+    /// The Params every window's slot starts from (and the only slot of an empty batch).
+    pub fn base_params(&self, plan: &Plan) -> Params {
+        Params {
+            vocab: plan.vocab,
+            draft_vocab: plan.draft_vocab,
+            block_len: self.block_len,
+            num_blocks: self.num_blocks,
+            draft_kind: plan.draft_kind,
+            num_requests: self.n as u32,
+            out_stride: plan.out_stride as u32,
+            total_rows: plan.total_rows as u32,
+            num_chunks: self.num_chunks,
+            block_chunks: self.block_chunks,
+            stats_blocks: self.stats_blocks,
+            cut_slice: self.cut.slice,
+            ..Params::default()
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Pass 3: verify (`shaders/verify.wgsl`). One workgroup per request merges its rows'
+//! statistics, decides acceptance (rejection sampling, greedy, synthetic, typical; block
+//! verification in two steps), and writes the accepted tokens, statuses and logprobs to `out`,
+//! the per-row statistics to `row_stats` and the residual tasks to `tasks`. Its `block_settle`
+//! entry takes the joint decision of block requests once block_mass has their masses.
+
+use super::bindings::{entry, params_entry, with_params};
+use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW};
+use super::shape::Shape;
+use super::workspace::Workspace;
+use super::GpuBackend;
+use crate::shaders::Kernel;
+
+/// verify's bindings: Params, requests, block statistics, draft ids, synthetic rates, then the
+/// tasks, output and row statistics it writes, and the block masses.
+pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(8, &[5, 6, 7])
+}
+
+impl GpuBackend {
+    /// verify's one bind group (it reads the whole batch through the first window's slot).
+    pub(super) fn verify_group(&self, ws: &Workspace, shape: &Shape) -> wgpu::BindGroup {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("specdec.verify"),
+            layout: &self.layouts[&Kernel::Verify],
+            entries: &[
+                params_entry(ws),
+                entry(1, ws.requests.get()),
+                entry(2, ws.block_stats.get()),
+                entry(3, ws.draft_ids.get()),
+                entry(4, ws.rates.get()),
+                entry(5, ws.tasks.get()),
+                entry(6, ws.out.get()),
+                entry(7, ws.row_stats.get()),
+                if shape.block_masses {
+                    entry(8, ws.masses.get())
+                } else {
+                    entry(8, &self.dummy)
+                },
+            ],
+        })
+    }
+
+    /// verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
+    /// specialisation, less the load path.
+    fn verify_special(shape: &Shape) -> u32 {
+        shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY)
+    }
+
+    /// Dispatches verify's `main`: one workgroup per request.
+    pub(super) fn record_verify(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        group: &wgpu::BindGroup,
+    ) {
+        pass.set_pipeline(self.special_pipeline(
+            Kernel::Verify,
+            "main",
+            Self::verify_special(shape),
+        ));
+        pass.set_bind_group(0, group, &[0]);
+        pass.dispatch_workgroups(shape.n as u32, 1, 1);
+    }
+
+    /// Dispatches verify's `block_settle` (after block_mass): the joint decision of block
+    /// requests with a draft distribution.
+    pub(super) fn record_block_settle(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        group: &wgpu::BindGroup,
+    ) {
+        pass.set_pipeline(self.special_pipeline(
+            Kernel::Verify,
+            "block_settle",
+            Self::verify_special(shape),
+        ));
+        pass.set_bind_group(0, group, &[0]);
+        pass.dispatch_workgroups(shape.n as u32, 1, 1);
+    }
+}
