@@ -1277,89 +1277,122 @@ Options:
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
+/// A parsed command line: the grid, where the files go, and whether the CPU backend runs.
+struct BenchArgs {
+    cfg: BenchConfig,
+    out: std::path::PathBuf,
+    cpu: bool,
+}
+
+/// `flag`'s comma-separated list of numbers.
+fn parse_list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("{flag}: {x:?} is not a number"))
+        })
+        .collect()
+}
+
+/// `flag`'s single number.
+fn parse_one<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{flag}: {s:?} is not a number"))
+}
+
+/// Parses the benchmark's options; `Ok(None)` asks for the help text.
+fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
+    let mut cfg = if args.iter().any(|a| a == "--quick") {
+        BenchConfig::quick()
+    } else {
+        BenchConfig::full()
+    };
+    let mut out = std::path::PathBuf::from("benches/results");
+    let mut cpu = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value"))
+        };
+        match a.as_str() {
+            "--quick" => {}
+            "--cpu" => cpu = true,
+            "--no-baseline" => cfg.baseline_reps = 0,
+            "--portable" => cfg.shader_int64 = false,
+            "--bf16" => cfg.bf16 = true,
+            "--block" => cfg.block = true,
+            "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
+            "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
+            "--batch" => cfg.batches = parse_list("--batch", &value()?)?,
+            "--k" => cfg.ks = parse_list("--k", &value()?)?,
+            "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
+            "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
+            "--out" => out = value()?.into(),
+            "--modes" => {
+                cfg.modes = value()?
+                    .split(',')
+                    .map(|m| {
+                        BenchMode::parse(m).ok_or_else(|| {
+                            format!(
+                                "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown option {other:?}; see --help")),
+        }
+    }
+    check_config(&cfg)?;
+    Ok(Some(BenchArgs { cfg, out, cpu }))
+}
+
+/// Every value of the grid in range, before any work: a bad value is a usage error (exit code
+/// 2), never a panic or a table of NaN halfway through a run.
+fn check_config(cfg: &BenchConfig) -> Result<(), String> {
+    if cfg.batches.is_empty() || cfg.ks.is_empty() || cfg.vocabs.is_empty() || cfg.modes.is_empty()
+    {
+        return Err("empty grid: --batch, --k, --vocab and --modes need at least one value".into());
+    }
+    let max_k = crate::MAX_DRAFTS_PER_REQUEST;
+    if let Some(r) = cfg.batches.iter().find(|&&r| r == 0) {
+        return Err(format!("--batch {r}: a batch holds at least 1 request"));
+    }
+    if let Some(k) = cfg.ks.iter().find(|&&k| k == 0 || k > max_k) {
+        return Err(format!(
+            "--k {k}: drafts per request must be in 1..={max_k}"
+        ));
+    }
+    if let Some(v) = cfg.vocabs.iter().find(|&&v| v == 0 || v > i32::MAX as u32) {
+        return Err(format!(
+            "--vocab {v}: the vocabulary must be in 1..={}",
+            i32::MAX
+        ));
+    }
+    if cfg.reps == 0 {
+        return Err("--reps 0: at least 1 timed call per point".into());
+    }
+    if !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
+        return Err(format!(
+            "--top-p {}: must be in (0, 1]; 1 turns it off",
+            cfg.top_p
+        ));
+    }
+    if cfg.target_workgroups == 0 {
+        return Err("--target-wgs 0: a pass aims for at least 1 workgroup".into());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark command line `args` (without the program name); returns the exit code.
 /// Progress and the table go to stdout, errors to stderr as one line each.
 pub fn main_with_args(args: &[String]) -> i32 {
-    fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
-        s.split(',')
-            .map(|x| {
-                x.trim()
-                    .parse()
-                    .map_err(|_| format!("{flag}: {x:?} is not a number"))
-            })
-            .collect()
-    }
-    let parsed = (|| -> Result<Option<(BenchConfig, std::path::PathBuf, bool)>, String> {
-        let mut cfg = if args.iter().any(|a| a == "--quick") {
-            BenchConfig::quick()
-        } else {
-            BenchConfig::full()
-        };
-        let mut out = std::path::PathBuf::from("benches/results");
-        let mut cpu = false;
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let mut value = || {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("{a} needs a value"))
-            };
-            match a.as_str() {
-                "--quick" => {}
-                "--cpu" => cpu = true,
-                "--no-baseline" => cfg.baseline_reps = 0,
-                "--portable" => cfg.shader_int64 = false,
-                "--bf16" => cfg.bf16 = true,
-                "--block" => cfg.block = true,
-                "--top-p" => {
-                    cfg.top_p = value()?
-                        .parse()
-                        .map_err(|_| "--top-p needs a number in (0, 1]".to_string())?
-                }
-                "--reps" => {
-                    cfg.reps = value()?
-                        .parse()
-                        .map_err(|_| "--reps needs a number".to_string())?
-                }
-                "--batch" => cfg.batches = list("--batch", &value()?)?,
-                "--k" => cfg.ks = list("--k", &value()?)?,
-                "--vocab" => cfg.vocabs = list("--vocab", &value()?)?,
-                "--target-wgs" => {
-                    cfg.target_workgroups = value()?
-                        .parse()
-                        .map_err(|_| "--target-wgs needs a number".to_string())?
-                }
-                "--out" => out = value()?.into(),
-                "--modes" => {
-                    cfg.modes = value()?
-                        .split(',')
-                        .map(|m| {
-                            BenchMode::parse(m).ok_or_else(|| {
-                                format!(
-                                "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
-                            )
-                            })
-                        })
-                        .collect::<Result<_, _>>()?
-                }
-                "-h" | "--help" => return Ok(None),
-                other => return Err(format!("unknown option {other:?}; see --help")),
-            }
-        }
-        if cfg.batches.is_empty()
-            || cfg.ks.is_empty()
-            || cfg.vocabs.is_empty()
-            || cfg.modes.is_empty()
-            || cfg.reps == 0
-        {
-            return Err(
-                "empty grid: --batch, --k, --vocab, --modes and --reps need at least one value"
-                    .into(),
-            );
-        }
-        Ok(Some((cfg, out, cpu)))
-    })();
-    let (cfg, out, cpu) = match parsed {
+    let BenchArgs { cfg, out, cpu } = match parse_args(args) {
         Ok(Some(p)) => p,
         Ok(None) => {
             print!("{HELP}");
