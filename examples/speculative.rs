@@ -25,6 +25,8 @@ use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequen
 use specdec::{DeviceChoice, SamplingParams, Verifier, VerifierOptions};
 
 fn main() -> ExitCode {
+    // Before any thread: keeps Mesa's Vulkan layer quiet on machines without a desktop login.
+    specdec::device::quiet_vulkan_device_select();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2,9 +2,11 @@
 //! logits drawn like the benchmark anchors', drafts equal to the target argmax with probability
 //! 0.7) with every rule mixed in one call, and print what each request emits.
 //!
-//! Runs on the GPU that `Verifier::new` picks (`WGPU_BACKEND` / `WGPU_ADAPTER_NAME` choose);
-//! with no GPU driver it says so and runs on the CPU backend. Then it checks the GPU result
-//! against the CPU twin.
+//! Runs where the backend policy puts it (`Verifier::auto`, the choice `specdec info` explains:
+//! a real GPU if there is one, else the CPU backend; `SPECDEC_DEVICE`, `WGPU_BACKEND` and
+//! `WGPU_ADAPTER_NAME` override it) and prints that choice and its reason. Then it checks the
+//! result against the CPU twin (on the CPU backend: against a one-thread twin, whose result must
+//! not depend on the thread count either).
 //!
 //! ```text
 //! cargo run --release --example verify_batch
@@ -35,6 +37,10 @@ impl Mix {
 }
 
 fn main() {
+    // First, before any thread starts: on a machine without a desktop login, Mesa's Vulkan
+    // device-select layer would print an error line about XDG_RUNTIME_DIR while the adapters are
+    // surveyed (see `specdec::device`).
+    specdec::device::quiet_vulkan_device_select();
     let vocab = 32_000usize;
     let (r, k) = (8usize, 4u32);
     let mut rng = Mix(2026);
@@ -79,15 +85,20 @@ fn main() {
         synthetic_rates: Some(&rates),
     };
 
-    let verifier = match Verifier::new(VerifierOptions::default()) {
+    // The same decision `Verifier::auto` takes, asked for first so that its reason can be shown.
+    let opts = VerifierOptions::default();
+    match specdec::device::decide(opts.device) {
+        Ok(decision) => println!("backend: {decision}"),
+        Err(e) => println!("backend: {e}"),
+    }
+    let verifier = match Verifier::auto(opts) {
         Ok(v) => v,
         Err(e) => {
-            println!("no GPU available ({e})");
-            println!("running on the CPU backend instead");
+            println!("no GPU available ({e}); running on the CPU backend instead");
             Verifier::cpu(VerifierOptions::default())
         }
     };
-    println!("adapter: {}", verifier.describe());
+    println!("verifier: {}", verifier.describe());
     println!(
         "batch: {r} requests x {k} drafts, vocab {vocab}, one-hot drafts, {:.1} MB of logits",
         (rows * vocab * 4) as f64 / 1e6
@@ -120,15 +131,20 @@ fn main() {
         took.as_secs_f64() * 1e3
     );
 
-    if verifier.is_gpu() {
-        let twin = Verifier::cpu(VerifierOptions::default())
-            .verify_blocking(&batch)
-            .expect("cpu twin");
-        if twin == out {
-            println!("CPU twin: identical tokens");
-        } else {
-            println!("CPU twin: DIFFERENT tokens (see README, near-threshold cases)");
-            std::process::exit(1);
-        }
+    let (twin_name, twin) = if verifier.is_gpu() {
+        ("CPU twin", Verifier::cpu(VerifierOptions::default()))
+    } else {
+        let one = VerifierOptions {
+            cpu_threads: Some(1),
+            ..VerifierOptions::default()
+        };
+        ("CPU twin (1 thread)", Verifier::cpu(one))
+    };
+    let want = twin.verify_blocking(&batch).expect("cpu twin");
+    if want == out {
+        println!("{twin_name}: identical tokens");
+    } else {
+        println!("{twin_name}: DIFFERENT tokens (see README, near-threshold cases)");
+        std::process::exit(1);
     }
 }

@@ -94,7 +94,9 @@ pub struct SamplingParams {
     /// [`VerifyOutput::raw_logprobs`]. Costs one more `exp` per entry in the statistics pass.
     /// Default false.
     pub raw_logprobs: bool,
-    /// [`Rule::Typical`]'s ε (Medusa's posterior threshold), in (0, 1]. Default 0.09.
+    /// [`Rule::Typical`]'s ε (Medusa's posterior threshold), in [0, 1]. Default 0.09. The
+    /// threshold is `min(ε, δ·exp(−H))`, so ε = 0 makes it 0: every draft with `p(d) > 0` is
+    /// accepted, and only drafts the controls mask out (p = 0) or −1 drafts are rejected.
     pub typical_epsilon: f32,
     /// [`Rule::Typical`]'s δ (Medusa's posterior alpha), ≥ 0. Default 0.3.
     pub typical_delta: f32,
@@ -167,13 +169,12 @@ impl SamplingParams {
             ));
         }
         if self.rule == Rule::Typical
-            && !(self.typical_epsilon > 0.0
-                && self.typical_epsilon <= 1.0
+            && !((0.0..=1.0).contains(&self.typical_epsilon)
                 && self.typical_delta >= 0.0
                 && self.typical_delta.is_finite())
         {
             return bad(format!(
-                "typical acceptance needs typical_epsilon in (0, 1] and a finite typical_delta \
+                "typical acceptance needs typical_epsilon in [0, 1] and a finite typical_delta \
                  >= 0 (got {} and {})",
                 self.typical_epsilon, self.typical_delta
             ));

@@ -7,6 +7,12 @@
 //! then [`VerifierOptions::device`](crate::VerifierOptions::device); `WGPU_BACKEND` limits the
 //! backends looked at and `WGPU_ADAPTER_NAME` picks an adapter by name (naming a software adapter
 //! explicitly selects it, which is how the tests pin lavapipe).
+//!
+//! Surveying adapters creates a Vulkan instance, and Mesa's implicit Vulkan layer
+//! `VK_LAYER_MESA_device_select` then asks libwayland for a display to find the default GPU;
+//! where no desktop login set `XDG_RUNTIME_DIR` (servers, containers, CI) libwayland prints
+//! `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` to stderr, once per
+//! adapter survey. [`quiet_vulkan_device_select`] switches that layer off in exactly that case.
 
 use std::fmt;
 
@@ -93,6 +99,29 @@ impl fmt::Display for Decision {
             (false, None) => write!(f, "no backend: {}", self.reason),
         }
     }
+}
+
+/// Turns Mesa's `VK_LAYER_MESA_device_select` Vulkan layer off (`NODEVICE_SELECT=1`, the
+/// switch its manifest names) when it could only print an error: no Wayland display is reachable
+/// (`XDG_RUNTIME_DIR` unset or not an absolute path, `WAYLAND_DISPLAY` not an absolute path,
+/// no `WAYLAND_SOCKET`) and nothing asks the layer for a choice (`MESA_VK_DEVICE_SELECT`,
+/// `DRI_PRIME` and `NODEVICE_SELECT` unset). The layer only reorders the GPUs it reports, which
+/// the policy does itself, by type (see [`decide`]). Returns whether it set the variable.
+///
+/// It sets an environment variable, so call it at the start of `main`, before any thread that
+/// may read the environment is started (the `specdec` command and the examples do).
+pub fn quiet_vulkan_device_select() -> bool {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let absolute =
+        |k: &str| std::env::var_os(k).is_some_and(|v| v.to_string_lossy().starts_with('/'));
+    let wayland_reachable =
+        absolute("XDG_RUNTIME_DIR") || absolute("WAYLAND_DISPLAY") || set("WAYLAND_SOCKET");
+    let layer_asked = set("MESA_VK_DEVICE_SELECT") || set("DRI_PRIME") || set("NODEVICE_SELECT");
+    if wayland_reachable || layer_asked {
+        return false;
+    }
+    std::env::set_var("NODEVICE_SELECT", "1");
+    true
 }
 
 fn report(a: &wgpu::Adapter) -> AdapterReport {

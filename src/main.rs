@@ -46,6 +46,9 @@ invariance and GPU vs CPU twin agreement. Default size: about a minute on a lapt
 ";
 
 fn main() {
+    // Before any adapter survey and any other thread: keeps Mesa's Vulkan layer from printing
+    // an error line about XDG_RUNTIME_DIR on machines without a desktop login.
+    specdec::device::quiet_vulkan_device_select();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.first().map(String::as_str) {
         None | Some("-h") | Some("--help") | Some("help") => {

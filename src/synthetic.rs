@@ -1,6 +1,6 @@
 //! Synthetic acceptance schedules (SPEC §3 rule 4, vLLM's "synthetic" mode), for benchmarks that
 //! must predict a real run's speed at a chosen acceptance. [`crate::VerifyBatch::synthetic_rates`]
-//! takes *conditional* rates `c_i = P(accept draft i | drafts 0..i accepted)`; these helpers build
+//! takes *conditional* rates `c_i = P(accept draft i | drafts 0..i accepted)`; the functions here build
 //! them from the other two usual descriptions.
 
 use crate::Error;

@@ -63,6 +63,125 @@ fn bad_usage_is_one_line_and_exit_2() {
 }
 
 #[test]
+fn bench_refuses_every_out_of_range_value_before_any_work() {
+    let too_many = (specdec::MAX_DRAFTS_PER_REQUEST + 1).to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--batch", "0"], "--batch 0"),
+        (&["--batch", "1,0,8"], "--batch 0"),
+        (&["--batch", ""], "--batch"),
+        (&["--k", "0"], "--k 0"),
+        (&["--k", &too_many], "--k"),
+        (&["--vocab", "0"], "--vocab 0"),
+        (&["--vocab", "4294967295"], "--vocab"),
+        (&["--reps", "0"], "--reps 0"),
+        (&["--reps", "-1"], "--reps"),
+        (&["--reps", "2,3"], "--reps"),
+        (&["--top-p", "0"], "--top-p"),
+        (&["--top-p", "1.5"], "--top-p"),
+        (&["--top-p", "NaN"], "--top-p"),
+        (&["--top-p", "x"], "--top-p"),
+        (&["--target-wgs", "0"], "--target-wgs 0"),
+        (&["--modes", "greedy,"], "unknown mode"),
+    ];
+    for &(bad, names) in cases {
+        for backend in [&["--cpu"][..], &[]] {
+            let args: Vec<&str> = ["bench", "--quick"]
+                .iter()
+                .chain(backend)
+                .chain(bad)
+                .copied()
+                .collect();
+            let o = specdec(&args, &[]);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err:?}");
+            assert!(
+                err.starts_with("specdec bench: ") && err.contains(names),
+                "{args:?}: {err}"
+            );
+            assert!(
+                o.stdout.is_empty(),
+                "{args:?}: no work before the check: {}",
+                text(&o)
+            );
+        }
+    }
+}
+
+/// The environment of a newcomer's shell on a machine without a desktop login: no
+/// `XDG_RUNTIME_DIR`, no Wayland, no backend or adapter pinned.
+fn bare_shell(c: &mut Command) -> &mut Command {
+    for k in [
+        "XDG_RUNTIME_DIR",
+        "WAYLAND_DISPLAY",
+        "WAYLAND_SOCKET",
+        "NODEVICE_SELECT",
+        "MESA_VK_DEVICE_SELECT",
+        "DRI_PRIME",
+        "WGPU_BACKEND",
+        "WGPU_ADAPTER_NAME",
+        "SPECDEC_DEVICE",
+    ] {
+        c.env_remove(k);
+    }
+    c
+}
+
+#[test]
+fn the_first_run_prints_no_error_line() {
+    // Mesa's Vulkan device-select layer prints an XDG_RUNTIME_DIR error through libwayland
+    // during the adapter survey unless `device::quiet_vulkan_device_select` ran first.
+    let o = bare_shell(&mut Command::new(env!("CARGO_BIN_EXE_specdec")))
+        .arg("info")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("choice:"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.is_empty(), "specdec info wrote to stderr: {err:?}");
+    // The example a newcomer runs first, once on the policy's choice and once forced onto a GPU
+    // (the adapter survey, then the GPU verifier's own).
+    let example = std::path::Path::new(env!("CARGO_BIN_EXE_specdec"))
+        .parent()
+        .unwrap()
+        .join("examples/verify_batch");
+    if !example.exists() {
+        eprintln!(
+            "SKIPPED example part: {} is not built (cargo build --release --examples)",
+            example.display()
+        );
+        return;
+    }
+    let mut runs = vec![(None, "CPU twin")];
+    if !skip_gpu() {
+        runs.push((Some("gpu"), "CPU twin: identical tokens"));
+    }
+    for (device, twin) in runs {
+        let mut c = Command::new(&example);
+        bare_shell(&mut c);
+        if let Some(d) = device {
+            c.env("SPECDEC_DEVICE", d);
+        }
+        let o = c.output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(o.status.success(), "{device:?}: {}", text(&o));
+        assert!(
+            err.is_empty(),
+            "{device:?}: the example wrote to stderr: {err:?}"
+        );
+        assert!(
+            out.starts_with("backend: ") && out.lines().next().unwrap().contains(": "),
+            "{device:?}: the first line names the backend and the reason: {out}"
+        );
+        assert!(out.contains(twin), "{device:?}: {out}");
+        assert!(out.contains("identical tokens"), "{device:?}: {out}");
+    }
+}
+
+#[test]
 fn info_names_adapters_and_the_choice() {
     let o = specdec(&["info"], &[]);
     assert!(o.status.success(), "{}", text(&o));

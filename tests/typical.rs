@@ -156,8 +156,61 @@ fn explicit_rows() {
 }
 
 #[test]
+fn epsilon_zero_accepts_every_draft_with_positive_probability() {
+    each_backend(|v| {
+        let eps0 = |seed| SamplingParams {
+            typical_epsilon: 0.0,
+            ..params(1.0, seed)
+        };
+        // Peaked: p(0) ≈ 1, p(1..3) ≈ 4.5e-5 each — far below the default threshold (≈ 0.09),
+        // yet above 0.
+        let uniform = row(4, 0.0, &[]);
+        let peaked = row(4, 0.0, &[(0, 10.0)]);
+        let b = explicit(
+            4,
+            &[
+                // ε = 0: both unlikely drafts are kept, the bonus comes from the last row.
+                (
+                    eps0(1),
+                    vec![3, 2],
+                    vec![peaked.clone(), peaked.clone(), uniform.clone()],
+                ),
+                // top_k = 1 masks every token but the argmax: draft 3 has p = 0 exactly and is
+                // rejected even at threshold 0; the argmax 0 is emitted in its place.
+                (
+                    eps0(2).with_top_k(1),
+                    vec![0, 3],
+                    vec![peaked.clone(), peaked.clone(), peaked.clone()],
+                ),
+                // A −1 draft (no draft) is never accepted.
+                (eps0(3), vec![-1], vec![peaked.clone(), uniform.clone()]),
+                // The control: the same unlikely draft at the default ε is rejected.
+                (
+                    params(1.0, 4),
+                    vec![3],
+                    vec![peaked.clone(), uniform.clone()],
+                ),
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        let d = v.describe();
+        assert_eq!(out.accepted(0), 2, "{d}: ε = 0 keeps p(d) ≈ 4.5e-5");
+        assert_eq!(&out.emitted(0)[..2], &[3, 2], "{d}");
+        assert_eq!(out.emitted(1), &[0, 0], "{d}: the masked draft is rejected");
+        assert_eq!(out.emitted(2), &[0], "{d}: −1 falls back to the argmax");
+        assert_eq!(out.emitted(3), &[0], "{d}: the default ε rejects it");
+    });
+}
+
+#[test]
 fn bad_typical_parameters_are_refused() {
-    for (e, d) in [(0.0f32, 0.3f32), (1.5, 0.3), (0.09, -1.0), (0.09, f32::NAN)] {
+    for (e, d) in [
+        (-0.01f32, 0.3f32),
+        (f32::NAN, 0.3),
+        (1.5, 0.3),
+        (0.09, -1.0),
+        (0.09, f32::NAN),
+    ] {
         let p = SamplingParams {
             typical_epsilon: e,
             typical_delta: d,

@@ -77,36 +77,7 @@ impl Tokenizer {
                 .map(|v| v.to_string().cloned().map_err(|e| bad(e.to_string())))
                 .collect()
         };
-        let model = get("tokenizer.ggml.model")?
-            .to_string()
-            .map_err(|e| ModelError::Metadata {
-                key: "tokenizer.ggml.model".into(),
-                message: e.to_string(),
-            })?;
-        if model != "gpt2" {
-            return Err(ModelError::Unsupported {
-                message: format!(
-                    "tokenizer model `{model}`; only byte-level BPE (`gpt2`) is implemented"
-                ),
-            });
-        }
-        let pre_name = meta
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.to_string().ok())
-            .map(|s| s.as_str())
-            .unwrap_or("default");
-        let pre = match pre_name {
-            "qwen2" => PreTokenizer::Qwen2,
-            "smollm" | "starcoder" => PreTokenizer::Gpt2SingleDigits,
-            "gpt2" | "default" => PreTokenizer::Gpt2,
-            other => {
-                return Err(ModelError::Unsupported {
-                    message: format!(
-                        "pre-tokenizer `{other}`; implemented: qwen2, smollm, starcoder, gpt2"
-                    ),
-                })
-            }
-        };
+        let pre = pre_tokenizer_of(meta)?;
         let tokens = strings("tokenizer.ggml.tokens")?;
         let types: Vec<u32> = match meta.get("tokenizer.ggml.token_type") {
             Some(v) => v
@@ -125,21 +96,7 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, s)| (s.clone(), i as u32))
             .collect();
-        let mut merges = HashMap::new();
-        for (rank, line) in strings("tokenizer.ggml.merges")?.iter().enumerate() {
-            let (a, b) = line.split_once(' ').ok_or_else(|| ModelError::Tokenizer {
-                message: format!("merge {rank} `{line}` has no space"),
-            })?;
-            let lookup = |s: &str| {
-                ids.get(s).copied().ok_or_else(|| ModelError::Tokenizer {
-                    message: format!("merge {rank} `{line}`: `{s}` is not a token"),
-                })
-            };
-            let merged = lookup(&format!("{a}{b}"))?;
-            merges
-                .entry((lookup(a)?, lookup(b)?))
-                .or_insert((rank as u32, merged));
-        }
+        let merges = read_merges(&strings("tokenizer.ggml.merges")?, &ids)?;
         let mut is_special = vec![false; tokens.len()];
         let mut special = Vec::new();
         for (i, (s, &ty)) in tokens.iter().zip(&types).enumerate() {
@@ -319,6 +276,69 @@ impl Tokenizer {
         }
         out
     }
+}
+
+/// The pre-tokenizer the file names (`tokenizer.ggml.pre`), after checking that the model is
+/// byte-level BPE (`tokenizer.ggml.model = gpt2`), the only one implemented.
+fn pre_tokenizer_of(meta: &HashMap<String, Value>) -> Result<PreTokenizer, ModelError> {
+    let model = meta
+        .get("tokenizer.ggml.model")
+        .ok_or_else(|| ModelError::Metadata {
+            key: "tokenizer.ggml.model".into(),
+            message: "missing".to_string(),
+        })?
+        .to_string()
+        .map_err(|e| ModelError::Metadata {
+            key: "tokenizer.ggml.model".into(),
+            message: e.to_string(),
+        })?;
+    if model != "gpt2" {
+        return Err(ModelError::Unsupported {
+            message: format!(
+                "tokenizer model `{model}`; only byte-level BPE (`gpt2`) is implemented"
+            ),
+        });
+    }
+    let pre_name = meta
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.to_string().ok())
+        .map(|s| s.as_str())
+        .unwrap_or("default");
+    Ok(match pre_name {
+        "qwen2" => PreTokenizer::Qwen2,
+        "smollm" | "starcoder" => PreTokenizer::Gpt2SingleDigits,
+        "gpt2" | "default" => PreTokenizer::Gpt2,
+        other => {
+            return Err(ModelError::Unsupported {
+                message: format!(
+                    "pre-tokenizer `{other}`; implemented: qwen2, smollm, starcoder, gpt2"
+                ),
+            })
+        }
+    })
+}
+
+/// The merge table: `(left id, right id)` → `(rank, merged id)`.
+type Merges = HashMap<(u32, u32), (u32, u32)>;
+
+/// The merge table from the `"left right"` lines; the first occurrence of a pair keeps its rank.
+fn read_merges(lines: &[String], ids: &HashMap<String, u32>) -> Result<Merges, ModelError> {
+    let mut merges = HashMap::new();
+    for (rank, line) in lines.iter().enumerate() {
+        let (a, b) = line.split_once(' ').ok_or_else(|| ModelError::Tokenizer {
+            message: format!("merge {rank} `{line}` has no space"),
+        })?;
+        let lookup = |s: &str| {
+            ids.get(s).copied().ok_or_else(|| ModelError::Tokenizer {
+                message: format!("merge {rank} `{line}`: `{s}` is not a token"),
+            })
+        };
+        let merged = lookup(&format!("{a}{b}"))?;
+        merges
+            .entry((lookup(a)?, lookup(b)?))
+            .or_insert((rank as u32, merged));
+    }
+    Ok(merges)
 }
 
 /// GPT-2's byte → printable character table: printable Latin-1 bytes stand for themselves, the

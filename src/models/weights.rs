@@ -161,141 +161,39 @@ impl Weights {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        let meta = Metadata(&content.metadata);
-        let arch_name = meta.string("general.architecture")?;
-        let architecture = match arch_name {
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            other => {
-                return Err(ModelError::Unsupported {
-                    message: format!(
-                        "architecture `{other}`; this forward pass implements `llama` and `qwen2`"
-                    ),
-                })
-            }
-        };
-        let a = arch_name;
-        let layers = meta.usize(&format!("{a}.block_count"))?;
-        let hidden = meta.usize(&format!("{a}.embedding_length"))?;
-        let ffn = meta.usize(&format!("{a}.feed_forward_length"))?;
-        let heads = meta.usize(&format!("{a}.attention.head_count"))?;
-        let kv_heads = meta
-            .opt_usize(&format!("{a}.attention.head_count_kv"))?
-            .unwrap_or(heads);
-        let rms_eps = meta.f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?;
-        let rope_theta = meta
-            .opt_f64(&format!("{a}.rope.freq_base"))?
-            .unwrap_or(10_000.0);
-        let context_length = meta.usize(&format!("{a}.context_length"))?;
-        if heads == 0 || kv_heads == 0 || hidden % heads != 0 || heads % kv_heads != 0 {
-            return Err(ModelError::Unsupported {
-                message: format!(
-                    "{heads} heads, {kv_heads} kv heads, width {hidden}: heads must divide the \
-                     width and kv heads must divide heads"
-                ),
-            });
-        }
-        let head_dim = hidden / heads;
-        if let Some(rope_dims) = meta.opt_usize(&format!("{a}.rope.dimension_count"))? {
-            if rope_dims != head_dim {
-                return Err(ModelError::Unsupported {
-                    message: format!(
-                        "partial rope ({rope_dims} of {head_dim} head dimensions rotated)"
-                    ),
-                });
-            }
-        }
-        if meta.0.contains_key(&format!("{a}.rope.scaling.type")) {
-            let kind = meta.string(&format!("{a}.rope.scaling.type"))?;
-            if kind != "none" {
-                return Err(ModelError::Unsupported {
-                    message: format!("rope scaling `{kind}`"),
-                });
-            }
-        }
-        let rope_style = options.rope_style.unwrap_or(match architecture {
-            Architecture::Llama => RopeStyle::AdjacentPairs,
-            Architecture::Qwen2 => RopeStyle::RotateHalves,
-        });
-
+        let mut config = read_config(&Metadata(&content.metadata), options)?;
         let tokenizer = Tokenizer::from_gguf(&content.metadata)?;
-        let device = Device::Cpu;
-        let mut read = |name: &str| -> Result<QTensor, ModelError> {
-            if !content.tensor_infos.contains_key(name) {
-                return Err(ModelError::MissingTensor {
-                    name: name.to_string(),
-                });
-            }
-            content
-                .tensor(&mut reader, name, &device)
-                .map_err(|e| ModelError::Gguf {
-                    path: path.clone(),
-                    message: format!("tensor `{name}`: {e}"),
-                })
-        };
-        let requantize = |t: QTensor| -> Result<QTensor, ModelError> {
-            let scalar_only = matches!(
-                t.dtype(),
-                GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
-            );
-            if !options.requantize_to_q8_0 || !scalar_only {
-                return Ok(t);
-            }
-            let dense = t.dequantize(&Device::Cpu).ctx("dequantizing for Q8_0")?;
-            QTensor::quantize(&dense, GgmlDType::Q8_0).ctx("re-quantizing to Q8_0")
+        let mut tensors = TensorReader {
+            content: &content,
+            reader,
+            path: &path,
+            requantize_to_q8_0: options.requantize_to_q8_0,
         };
 
-        let embedding = Arc::new(requantize(read("token_embd.weight")?)?);
+        let embedding = Arc::new(tensors.matrix("token_embd.weight")?);
         let (vocab_size, embd_width) = embedding
             .shape()
             .dims2()
             .ctx("reading the embedding shape")?;
-        if embd_width != hidden {
+        if embd_width != config.hidden {
             return Err(ModelError::Unsupported {
-                message: format!("embedding width {embd_width} differs from {hidden}"),
+                message: format!(
+                    "embedding width {embd_width} differs from {}",
+                    config.hidden
+                ),
             });
         }
-        let has_bias = architecture == Architecture::Qwen2;
-        let mut blocks = Vec::with_capacity(layers);
-        for i in 0..layers {
-            let mut linear = |name: &str, bias: bool| -> Result<Linear, ModelError> {
-                let weight = requantize(read(&format!("blk.{i}.{name}.weight"))?)?;
-                let weight = QMatMul::from_qtensor(weight).ctx("wrapping a quantized weight")?;
-                let bias = if bias {
-                    Some(dequantize(read(&format!("blk.{i}.{name}.bias"))?)?)
-                } else {
-                    None
-                };
-                Ok(Linear { weight, bias })
-            };
-            let q = linear("attn_q", has_bias)?;
-            let k = linear("attn_k", has_bias)?;
-            let v = linear("attn_v", has_bias)?;
-            let o = linear("attn_output", false)?;
-            let gate = linear("ffn_gate", false)?;
-            let up = linear("ffn_up", false)?;
-            let down = linear("ffn_down", false)?;
-            let attn_norm = dequantize(read(&format!("blk.{i}.attn_norm.weight"))?)?;
-            let ffn_norm = dequantize(read(&format!("blk.{i}.ffn_norm.weight"))?)?;
-            blocks.push(Block {
-                attn_norm,
-                q,
-                k,
-                v,
-                o,
-                ffn_norm,
-                gate,
-                up,
-                down,
-            });
-        }
-        let output_norm = dequantize(read("output_norm.weight")?)?;
+        let has_bias = config.architecture == Architecture::Qwen2;
+        let blocks = (0..config.layers)
+            .map(|i| tensors.block(i, has_bias))
+            .collect::<Result<Vec<Block>, ModelError>>()?;
+        let output_norm = dequantize(tensors.read("output_norm.weight")?)?;
         let tied_embeddings = !content.tensor_infos.contains_key("output.weight");
         let output = if tied_embeddings {
             // Same Arc: the head costs no memory beyond the embedding.
             QMatMul::from_arc(embedding.clone()).ctx("wrapping the tied output head")?
         } else {
-            QMatMul::from_qtensor(requantize(read("output.weight")?)?)
+            QMatMul::from_qtensor(tensors.matrix("output.weight")?)
                 .ctx("wrapping the output head")?
         };
         if tokenizer.vocab_size() > vocab_size {
@@ -306,28 +204,16 @@ impl Weights {
                 ),
             });
         }
+        config.vocab_size = vocab_size;
+        config.tied_embeddings = tied_embeddings;
         Ok(Arc::new(Weights {
-            config: Config {
-                architecture,
-                layers,
-                hidden,
-                ffn,
-                heads,
-                kv_heads,
-                head_dim,
-                vocab_size,
-                rms_eps,
-                rope_theta,
-                rope_style,
-                context_length,
-                tied_embeddings,
-            },
+            config,
             embedding,
             blocks,
             output_norm,
             output,
             tokenizer,
-            device,
+            device: Device::Cpu,
             split_invariant: options.split_invariant,
             path,
         }))
@@ -346,6 +232,165 @@ impl Weights {
     /// The file the weights came from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The hyper-parameters from the metadata, checked against what the forward pass implements.
+/// `vocab_size` and `tied_embeddings` come from the tensors: 0 and false here, set by
+/// [`Weights::load_with`] once the embedding and the head are read.
+fn read_config(meta: &Metadata, options: &LoadOptions) -> Result<Config, ModelError> {
+    let arch_name = meta.string("general.architecture")?;
+    let architecture = match arch_name {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        other => {
+            return Err(ModelError::Unsupported {
+                message: format!(
+                    "architecture `{other}`; this forward pass implements `llama` and `qwen2`"
+                ),
+            })
+        }
+    };
+    let a = arch_name;
+    let layers = meta.usize(&format!("{a}.block_count"))?;
+    let hidden = meta.usize(&format!("{a}.embedding_length"))?;
+    let ffn = meta.usize(&format!("{a}.feed_forward_length"))?;
+    let heads = meta.usize(&format!("{a}.attention.head_count"))?;
+    let kv_heads = meta
+        .opt_usize(&format!("{a}.attention.head_count_kv"))?
+        .unwrap_or(heads);
+    let rms_eps = meta.f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?;
+    let rope_theta = meta
+        .opt_f64(&format!("{a}.rope.freq_base"))?
+        .unwrap_or(10_000.0);
+    let context_length = meta.usize(&format!("{a}.context_length"))?;
+    if heads == 0 || kv_heads == 0 || hidden % heads != 0 || heads % kv_heads != 0 {
+        return Err(ModelError::Unsupported {
+            message: format!(
+                "{heads} heads, {kv_heads} kv heads, width {hidden}: heads must divide the \
+                 width and kv heads must divide heads"
+            ),
+        });
+    }
+    let head_dim = hidden / heads;
+    check_rope(meta, a, head_dim)?;
+    let rope_style = options.rope_style.unwrap_or(match architecture {
+        Architecture::Llama => RopeStyle::AdjacentPairs,
+        Architecture::Qwen2 => RopeStyle::RotateHalves,
+    });
+    Ok(Config {
+        architecture,
+        layers,
+        hidden,
+        ffn,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab_size: 0,
+        rms_eps,
+        rope_theta,
+        rope_style,
+        context_length,
+        tied_embeddings: false,
+    })
+}
+
+/// Refuses the rope variants the forward pass does not implement: partial rotation and scaling.
+fn check_rope(meta: &Metadata, a: &str, head_dim: usize) -> Result<(), ModelError> {
+    if let Some(rope_dims) = meta.opt_usize(&format!("{a}.rope.dimension_count"))? {
+        if rope_dims != head_dim {
+            return Err(ModelError::Unsupported {
+                message: format!(
+                    "partial rope ({rope_dims} of {head_dim} head dimensions rotated)"
+                ),
+            });
+        }
+    }
+    if meta.0.contains_key(&format!("{a}.rope.scaling.type")) {
+        let kind = meta.string(&format!("{a}.rope.scaling.type"))?;
+        if kind != "none" {
+            return Err(ModelError::Unsupported {
+                message: format!("rope scaling `{kind}`"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads named tensors from an open GGUF file.
+struct TensorReader<'a> {
+    content: &'a Content,
+    reader: BufReader<File>,
+    path: &'a Path,
+    /// [`LoadOptions::requantize_to_q8_0`].
+    requantize_to_q8_0: bool,
+}
+
+impl TensorReader<'_> {
+    /// The tensor `name` as stored.
+    fn read(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        if !self.content.tensor_infos.contains_key(name) {
+            return Err(ModelError::MissingTensor {
+                name: name.to_string(),
+            });
+        }
+        self.content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| ModelError::Gguf {
+                path: self.path.to_path_buf(),
+                message: format!("tensor `{name}`: {e}"),
+            })
+    }
+
+    /// A weight matrix, re-quantized to Q8_0 when the options ask for it and its format has
+    /// only a scalar dot product in candle.
+    fn matrix(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        let t = self.read(name)?;
+        let scalar_only = matches!(
+            t.dtype(),
+            GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
+        );
+        if !self.requantize_to_q8_0 || !scalar_only {
+            return Ok(t);
+        }
+        let dense = t.dequantize(&Device::Cpu).ctx("dequantizing for Q8_0")?;
+        QTensor::quantize(&dense, GgmlDType::Q8_0).ctx("re-quantizing to Q8_0")
+    }
+
+    /// Block `i`'s linear layer `name`, with its bias when `bias`.
+    fn linear(&mut self, i: usize, name: &str, bias: bool) -> Result<Linear, ModelError> {
+        let weight = self.matrix(&format!("blk.{i}.{name}.weight"))?;
+        let weight = QMatMul::from_qtensor(weight).ctx("wrapping a quantized weight")?;
+        let bias = if bias {
+            Some(dequantize(self.read(&format!("blk.{i}.{name}.bias"))?)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// Transformer block `i` (q/k/v biases when `has_bias`).
+    fn block(&mut self, i: usize, has_bias: bool) -> Result<Block, ModelError> {
+        let q = self.linear(i, "attn_q", has_bias)?;
+        let k = self.linear(i, "attn_k", has_bias)?;
+        let v = self.linear(i, "attn_v", has_bias)?;
+        let o = self.linear(i, "attn_output", false)?;
+        let gate = self.linear(i, "ffn_gate", false)?;
+        let up = self.linear(i, "ffn_up", false)?;
+        let down = self.linear(i, "ffn_down", false)?;
+        let attn_norm = dequantize(self.read(&format!("blk.{i}.attn_norm.weight"))?)?;
+        let ffn_norm = dequantize(self.read(&format!("blk.{i}.ffn_norm.weight"))?)?;
+        Ok(Block {
+            attn_norm,
+            q,
+            k,
+            v,
+            o,
+            ffn_norm,
+            gate,
+            up,
+            down,
+        })
     }
 }
 

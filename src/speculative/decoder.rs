@@ -5,8 +5,29 @@ use super::{
     proposal_cap, verify_host, Metrics, Proposals, Proposer, RowKind, ScoreInput, SeqView,
     SpecError, TargetModel,
 };
-use crate::{Draft, Request, SamplingParams, Verifier};
+use crate::{Draft, Request, SamplingParams, Verifier, VerifyOutput};
 use std::time::Instant;
+
+/// Every request's tokens so far (prompt included) and why it stopped, if it has.
+struct Progress {
+    seqs: Vec<Vec<u32>>,
+    stops: Vec<Option<StopReason>>,
+}
+
+/// Refuses what no step could handle: a vocabulary the verifier cannot index, an empty prompt.
+fn check_requests(vocab: usize, requests: &[GenRequest]) -> Result<(), SpecError> {
+    if vocab == 0 || vocab > i32::MAX as usize {
+        return Err(SpecError::Invalid(format!(
+            "the target's vocab_size() is {vocab}"
+        )));
+    }
+    if let Some(i) = requests.iter().position(|r| r.prompt.is_empty()) {
+        return Err(SpecError::Invalid(format!(
+            "request {i} has an empty prompt; give at least one token (e.g. BOS)"
+        )));
+    }
+    Ok(())
+}
 
 /// Debug-only faults of the decode loop, for the negative controls of the distribution tests:
 /// deliberately wrong decoders that the tests must reject. Never use them for real work.
@@ -183,23 +204,16 @@ impl<'v> SpecDecoder<'v> {
     {
         let start = Instant::now();
         let vocab = target.vocab_size();
-        if vocab == 0 || vocab > i32::MAX as usize {
-            return Err(SpecError::Invalid(format!(
-                "the target's vocab_size() is {vocab}"
-            )));
-        }
-        if let Some(i) = requests.iter().position(|r| r.prompt.is_empty()) {
-            return Err(SpecError::Invalid(format!(
-                "request {i} has an empty prompt; give at least one token (e.g. BOS)"
-            )));
-        }
-        let mut seqs: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-        let mut stops: Vec<Option<StopReason>> = requests
-            .iter()
-            .map(|r| (r.prompt.len() >= r.max_len).then_some(StopReason::MaxLen))
-            .collect();
+        check_requests(vocab, requests)?;
+        let mut progress = Progress {
+            seqs: requests.iter().map(|r| r.prompt.clone()).collect(),
+            stops: requests
+                .iter()
+                .map(|r| (r.prompt.len() >= r.max_len).then_some(StopReason::MaxLen))
+                .collect(),
+        };
         let mut live: Vec<usize> = (0..requests.len())
-            .filter(|&i| stops[i].is_none())
+            .filter(|&i| progress.stops[i].is_none())
             .collect();
         let k = self.config.num_drafts;
         while !live.is_empty() {
@@ -209,7 +223,7 @@ impl<'v> SpecDecoder<'v> {
                 .iter()
                 .map(|&r| SeqView {
                     request: r,
-                    tokens: &seqs[r],
+                    tokens: &progress.seqs[r],
                     max_len: requests[r].max_len,
                     params: requests[r].params,
                 })
@@ -218,118 +232,145 @@ impl<'v> SpecDecoder<'v> {
             self.check_proposals(&views, k, vocab)?;
             self.proposals.offsets_into(&mut self.offsets);
             let t1 = Instant::now();
-
-            // Score.
-            let inputs: Vec<ScoreInput<'_>> = views
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let at = self.offsets[i];
-                    ScoreInput {
-                        seq: v.request,
-                        tokens: v.tokens,
-                        drafts: &self.proposals.tokens[at..at + self.proposals.lens[i] as usize],
-                    }
-                })
-                .collect();
-            let rows: usize = inputs.iter().map(|i| i.rows()).sum();
-            self.logits.clear();
-            self.logits.resize(rows * vocab, 0.0);
-            target
-                .forward(&inputs, &mut self.logits)
-                .map_err(SpecError::Model)?;
-            self.metrics.target_calls += 1;
+            self.score(target, &views, vocab)?;
             let t2 = Instant::now();
-
-            // Verify.
-            self.requests.clear();
-            self.draft_ids.clear();
-            for (i, v) in views.iter().enumerate() {
-                self.requests.push(Request {
-                    num_drafts: self.proposals.lens[i],
-                    params: v.params,
-                    position: v.tokens.len() as u64,
-                });
-            }
-            self.draft_ids
-                .extend(self.proposals.tokens.iter().map(|&t| t as i32));
-            let p = &self.proposals;
-            let draft = match p.kind {
-                RowKind::OneHot => Draft::OneHot,
-                RowKind::Probs => Draft::Probs(&p.rows[..]),
-                RowKind::Logits => Draft::Logits(&p.rows[..]),
-            };
-            let draft_vocab =
-                (p.kind != RowKind::OneHot && p.row_len < vocab).then_some(p.row_len as u32);
-            let out = verify_host(
-                self.verifier,
-                vocab as u32,
-                &self.requests,
-                &self.draft_ids,
-                &self.logits,
-                draft,
-                draft_vocab,
-            )?;
-            self.metrics.verify_calls += 1;
-            drop(inputs);
+            let out = self.verify(&views, vocab)?;
             drop(views);
             let t3 = Instant::now();
-
-            // Append, stop, roll back.
-            let mut row_at = 0usize;
-            for (i, &r) in live.iter().enumerate() {
-                let kr = self.proposals.lens[i] as usize;
-                let accepted = out.accepted(i);
-                self.metrics.record_step(kr, accepted);
-                let len = seqs[r].len();
-                target
-                    .truncate(r, len + accepted)
-                    .map_err(SpecError::Model)?;
-                self.step_tokens.clear();
-                self.step_tokens
-                    .extend(out.emitted(i).iter().map(|&t| t as u32));
-                if accepted < kr && self.config.fault != DecodeFault::None {
-                    let wrong = match self.config.fault {
-                        DecodeFault::EmitDraftOnReject => {
-                            self.proposals.tokens[self.offsets[i] + accepted]
-                        }
-                        _ => {
-                            let row = &self.logits[(row_at + accepted) * vocab..][..vocab];
-                            let at = len + accepted;
-                            sample_faulty(row, requests[r].params.temperature, out.seeds[i], at)
-                        }
-                    };
-                    *self.step_tokens.last_mut().expect("one token at least") = wrong;
-                }
-                row_at += kr + 1;
-                for &t in &self.step_tokens {
-                    seqs[r].push(t);
-                    self.metrics.appended += 1;
-                    if self.config.eos.contains(&t) {
-                        stops[r] = Some(StopReason::Eos);
-                        break;
-                    }
-                    if seqs[r].len() >= requests[r].max_len {
-                        stops[r] = Some(StopReason::MaxLen);
-                        break;
-                    }
-                }
-            }
-            live.retain(|&r| stops[r].is_none());
+            self.append(target, requests, &live, &out, &mut progress, vocab)?;
+            live.retain(|&r| progress.stops[r].is_none());
             self.metrics.propose_time += t1 - t0;
             self.metrics.score_time += t2 - t1;
             self.metrics.verify_time += t3 - t2;
         }
         self.metrics.elapsed += start.elapsed();
-        Ok(seqs
+        Ok(progress
+            .seqs
             .into_iter()
             .zip(requests)
-            .zip(stops)
+            .zip(progress.stops)
             .map(|((s, req), stop)| Generation {
                 tokens: s[req.prompt.len()..].to_vec(),
                 stop: stop.unwrap_or(StopReason::MaxLen),
             })
             .collect())
+    }
+
+    /// The score step: the target's logits for every live sequence's drafts (plus one row) into
+    /// `self.logits`.
+    fn score<T: TargetModel + ?Sized>(
+        &mut self,
+        target: &mut T,
+        views: &[SeqView<'_>],
+        vocab: usize,
+    ) -> Result<(), SpecError> {
+        let inputs: Vec<ScoreInput<'_>> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let at = self.offsets[i];
+                ScoreInput {
+                    seq: v.request,
+                    tokens: v.tokens,
+                    drafts: &self.proposals.tokens[at..at + self.proposals.lens[i] as usize],
+                }
+            })
+            .collect();
+        let rows: usize = inputs.iter().map(|i| i.rows()).sum();
+        self.logits.clear();
+        self.logits.resize(rows * vocab, 0.0);
+        target
+            .forward(&inputs, &mut self.logits)
+            .map_err(SpecError::Model)?;
+        self.metrics.target_calls += 1;
+        Ok(())
+    }
+
+    /// The verify step: one verifier call over every live sequence's proposal and logits.
+    fn verify(&mut self, views: &[SeqView<'_>], vocab: usize) -> Result<VerifyOutput, SpecError> {
+        self.requests.clear();
+        self.draft_ids.clear();
+        for (i, v) in views.iter().enumerate() {
+            self.requests.push(Request {
+                num_drafts: self.proposals.lens[i],
+                params: v.params,
+                position: v.tokens.len() as u64,
+            });
+        }
+        self.draft_ids
+            .extend(self.proposals.tokens.iter().map(|&t| t as i32));
+        let p = &self.proposals;
+        let draft = match p.kind {
+            RowKind::OneHot => Draft::OneHot,
+            RowKind::Probs => Draft::Probs(&p.rows[..]),
+            RowKind::Logits => Draft::Logits(&p.rows[..]),
+        };
+        let draft_vocab =
+            (p.kind != RowKind::OneHot && p.row_len < vocab).then_some(p.row_len as u32);
+        let out = verify_host(
+            self.verifier,
+            vocab as u32,
+            &self.requests,
+            &self.draft_ids,
+            &self.logits,
+            draft,
+            draft_vocab,
+        )?;
+        self.metrics.verify_calls += 1;
+        Ok(out)
+    }
+
+    /// The append step: per live sequence, roll the target's cache back to the accepted drafts,
+    /// append the emitted tokens and stop at an end-of-sequence id or `max_len`.
+    fn append<T: TargetModel + ?Sized>(
+        &mut self,
+        target: &mut T,
+        requests: &[GenRequest],
+        live: &[usize],
+        out: &VerifyOutput,
+        progress: &mut Progress,
+        vocab: usize,
+    ) -> Result<(), SpecError> {
+        let mut row_at = 0usize;
+        for (i, &r) in live.iter().enumerate() {
+            let kr = self.proposals.lens[i] as usize;
+            let accepted = out.accepted(i);
+            self.metrics.record_step(kr, accepted);
+            let len = progress.seqs[r].len();
+            target
+                .truncate(r, len + accepted)
+                .map_err(SpecError::Model)?;
+            self.step_tokens.clear();
+            self.step_tokens
+                .extend(out.emitted(i).iter().map(|&t| t as u32));
+            if accepted < kr && self.config.fault != DecodeFault::None {
+                let wrong = match self.config.fault {
+                    DecodeFault::EmitDraftOnReject => {
+                        self.proposals.tokens[self.offsets[i] + accepted]
+                    }
+                    _ => {
+                        let row = &self.logits[(row_at + accepted) * vocab..][..vocab];
+                        let at = len + accepted;
+                        sample_faulty(row, requests[r].params.temperature, out.seeds[i], at)
+                    }
+                };
+                *self.step_tokens.last_mut().expect("one token at least") = wrong;
+            }
+            row_at += kr + 1;
+            for &t in &self.step_tokens {
+                progress.seqs[r].push(t);
+                self.metrics.appended += 1;
+                if self.config.eos.contains(&t) {
+                    progress.stops[r] = Some(StopReason::Eos);
+                    break;
+                }
+                if progress.seqs[r].len() >= requests[r].max_len {
+                    progress.stops[r] = Some(StopReason::MaxLen);
+                    break;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks the proposer's output against the step: one proposal per live sequence, each

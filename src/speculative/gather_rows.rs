@@ -180,45 +180,8 @@ impl GatherRows {
         if indices.is_empty() || row_len == 0 {
             return Ok(());
         }
+        check_gather(src, src_rows, dst, indices, row_len)?;
         let row_bytes = row_len as u64 * 4;
-        for (what, rows, b) in [("src", src_rows, src), ("dst", indices.len(), dst)] {
-            if !b.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-                return Err(SpecError::Invalid(format!(
-                    "gather_rows {what} buffer lacks BufferUsages::STORAGE; create it with that usage"
-                )));
-            }
-            if !b.offset.is_multiple_of(4) {
-                return Err(SpecError::Invalid(format!(
-                    "gather_rows {what} offset {} is not a multiple of 4 bytes",
-                    b.offset
-                )));
-            }
-            let needed = b.offset + rows as u64 * row_bytes;
-            if needed > b.buffer.size() {
-                return Err(SpecError::Invalid(format!(
-                    "gather_rows {what}: {rows} rows of {row_len} f32 at offset {} need {needed} \
-                     bytes, the buffer has {}",
-                    b.offset,
-                    b.buffer.size()
-                )));
-            }
-        }
-        if src.buffer == dst.buffer {
-            return Err(SpecError::Invalid(
-                "gather_rows reads src and writes dst in one dispatch: they must be different \
-                 buffers"
-                    .into(),
-            ));
-        }
-        if let Some((i, &s)) = indices
-            .iter()
-            .enumerate()
-            .find(|(_, &s)| s as usize >= src_rows)
-        {
-            return Err(SpecError::Invalid(format!(
-                "gather_rows index {i} is {s}, past the {src_rows} source rows"
-            )));
-        }
         let limits = self.device.limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment);
         if row_bytes + align > self.max_binding {
@@ -300,6 +263,57 @@ impl GatherRows {
             }
         })
     }
+}
+
+/// The host-side checks of [`GatherRows::record`]: both buffers usable as storage, 4-byte
+/// offsets, large enough for their rows, distinct, and every index within the source rows.
+fn check_gather(
+    src: GpuRows<'_>,
+    src_rows: usize,
+    dst: GpuRows<'_>,
+    indices: &[u32],
+    row_len: usize,
+) -> Result<(), SpecError> {
+    let row_bytes = row_len as u64 * 4;
+    for (what, rows, b) in [("src", src_rows, src), ("dst", indices.len(), dst)] {
+        if !b.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(SpecError::Invalid(format!(
+                "gather_rows {what} buffer lacks BufferUsages::STORAGE; create it with that usage"
+            )));
+        }
+        if !b.offset.is_multiple_of(4) {
+            return Err(SpecError::Invalid(format!(
+                "gather_rows {what} offset {} is not a multiple of 4 bytes",
+                b.offset
+            )));
+        }
+        let needed = b.offset + rows as u64 * row_bytes;
+        if needed > b.buffer.size() {
+            return Err(SpecError::Invalid(format!(
+                "gather_rows {what}: {rows} rows of {row_len} f32 at offset {} need {needed} \
+                     bytes, the buffer has {}",
+                b.offset,
+                b.buffer.size()
+            )));
+        }
+    }
+    if src.buffer == dst.buffer {
+        return Err(SpecError::Invalid(
+            "gather_rows reads src and writes dst in one dispatch: they must be different \
+                 buffers"
+                .into(),
+        ));
+    }
+    if let Some((i, &s)) = indices
+        .iter()
+        .enumerate()
+        .find(|(_, &s)| s as usize >= src_rows)
+    {
+        return Err(SpecError::Invalid(format!(
+            "gather_rows index {i} is {s}, past the {src_rows} source rows"
+        )));
+    }
+    Ok(())
 }
 
 /// The binding `(offset, size)` of rows `[begin, end)` of `rows` and the word index of row

@@ -325,9 +325,34 @@ fn mismatches(a: &VerifyOutput, b: &VerifyOutput) -> usize {
         .count()
 }
 
-/// Runs the grid on the GPU chosen like `Verifier::new` (timestamps when the adapter has them).
-/// `progress` receives one line per finished point.
-pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<BenchReport, Error> {
+/// The GPU side of a benchmark run: the device, the verifier under test and its CPU twin, the
+/// logits (on the host and uploaded) and the timestamp buffers.
+struct GpuBench {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    verifier: Verifier,
+    cpu: Verifier,
+    period_ns: f64,
+    /// Target logits, `max R · (max k + 1) · max V` values (bf16-rounded with `--bf16`).
+    host_t: Vec<f32>,
+    /// Draft logits, `max R · max k · max V` values.
+    host_d: Vec<f32>,
+    /// Bytes per target logit on the GPU (2 for bf16, else 4).
+    t_size: usize,
+    t_buf: wgpu::Buffer,
+    d_buf: wgpu::Buffer,
+    p_buf: wgpu::Buffer,
+    /// Timestamp queries, when the adapter has them.
+    query: Option<wgpu::QuerySet>,
+    resolve: wgpu::Buffer,
+    q_read: wgpu::Buffer,
+}
+
+/// The device of a benchmark run on the adapter `Verifier::new` picks, with timestamp queries
+/// (when the adapter has them) and SHADER_INT64 (when the grid asks and the adapter has it).
+fn bench_device(
+    cfg: &BenchConfig,
+) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue, bool), Error> {
     let adapter = crate::gpu::select_adapter()?;
     let info = adapter.get_info();
     let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
@@ -351,218 +376,258 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     .map_err(|e| Error::RequestDevice {
         detail: e.to_string(),
     })?;
-    let verifier =
-        Verifier::with_device(device.clone(), queue.clone(), VerifierOptions::default())?;
-    let cpu = Verifier::cpu(VerifierOptions::default());
-    let period_ns = f64::from(queue.get_timestamp_period());
+    Ok((info, device, queue, timestamps))
+}
 
-    let max_r = *cfg.batches.iter().max().unwrap_or(&1) as usize;
-    let max_k = *cfg.ks.iter().max().unwrap_or(&1) as usize;
-    let max_v = *cfg.vocabs.iter().max().unwrap_or(&1) as usize;
-    let t_len = max_r * (max_k + 1) * max_v;
-    let d_len = max_r * max_k * max_v;
-    progress(&format!(
-        "generating {:.2} GB of logits (2·N(0,1))",
-        ((t_len + d_len) * 4) as f64 / 1e9
-    ));
-    let mut host_t = vec![0f32; t_len];
-    fill_normal(&mut host_t, 1, 2.0);
-    if cfg.bf16 {
-        for x in &mut host_t {
-            *x = f32::from_bits(x.to_bits() & 0xffff_0000);
-        }
-    }
-    let t_size = if cfg.bf16 { 2 } else { 4 };
-    let mut host_d = vec![0f32; d_len];
-    fill_normal(&mut host_d, 2, 2.0);
-    let storage =
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
-    let make = |label, bytes: usize| {
-        device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: (bytes as u64).max(16).next_multiple_of(16),
-            usage: storage,
-            mapped_at_creation: false,
-        })
-    };
-    let t_buf = make("bench.target", t_len * t_size);
-    let d_buf = make("bench.draft_logits", d_len * 4);
-    let p_buf = make("bench.draft_probs", d_len * 4);
-    if cfg.bf16 {
-        let bits: Vec<u16> = host_t.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-        let mut bytes: Vec<u8> = bytemuck::cast_slice(&bits).to_vec();
-        bytes.resize(bytes.len().next_multiple_of(4), 0);
-        queue.write_buffer(&t_buf, 0, &bytes);
-    } else {
-        queue.write_buffer(&t_buf, 0, bytemuck::cast_slice(&host_t));
-    }
-    queue.write_buffer(&d_buf, 0, bytemuck::cast_slice(&host_d));
-    queue.submit([]);
+impl GpuBench {
+    /// Generates the largest point's logits, uploads them and creates the timestamp buffers.
+    fn new(
+        cfg: &BenchConfig,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        timestamps: bool,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<GpuBench, Error> {
+        let verifier =
+            Verifier::with_device(device.clone(), queue.clone(), VerifierOptions::default())?;
+        let cpu = Verifier::cpu(VerifierOptions::default());
+        let period_ns = f64::from(queue.get_timestamp_period());
 
-    // Ceilings: device-to-device copy (read + write bytes) and a plain read kernel.
-    let (copy_gbps, read_gbps) = ceilings(&verifier, &t_buf, timestamps, period_ns)?;
-    progress(&format!(
-        "{}: copy {copy_gbps:.0} GB/s (read+write), read kernel {read_gbps:.0} GB/s",
-        info.name
-    ));
-
-    let query = timestamps.then(|| {
-        device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("bench.timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 8 * cfg.reps.max(1) as u32,
-        })
-    });
-    let q_bytes = 64 * cfg.reps.max(1) as u64;
-    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench.resolve"),
-        size: q_bytes,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    let q_read = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("bench.resolve_read"),
-        size: q_bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-
-    let mut rows = Vec::new();
-    let mut probs = Vec::new();
-    for &v in &cfg.vocabs {
-        for &k in &cfg.ks {
-            for &r in &cfg.batches {
-                let (vu, ru, ku) = (v as usize, r as usize, k as usize);
-                let n_t = ru * (ku + 1) * vu;
-                let n_d = ru * ku * vu;
-                let target = &host_t[..n_t];
-                let drafts = drafts_for(
-                    target,
-                    vu,
-                    ru,
-                    ku,
-                    u64::from(v) ^ u64::from(r << 8) ^ u64::from(k),
-                );
-                for &mode in &cfg.modes {
-                    let requests = requests_for(mode, ru, k, cfg);
-                    let draft_host: Option<&[f32]> = match mode {
-                        BenchMode::DraftProbs => {
-                            softmax_rows(&host_d[..n_d], vu, &mut probs);
-                            queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
-                            Some(&probs)
-                        }
-                        BenchMode::DraftLogits => Some(&host_d[..n_d]),
-                        _ => None,
-                    };
-                    let gpu_batch = GpuVerifyBatch {
-                        vocab_size: v,
-                        requests: &requests,
-                        draft_token_ids: &drafts,
-                        target_logits: GpuRows::f32(&t_buf, 0).with_dtype(if cfg.bf16 {
-                            crate::Dtype::Bf16
-                        } else {
-                            crate::Dtype::F32
-                        }),
-                        draft: match mode {
-                            BenchMode::DraftProbs => GpuDraft::Probs(GpuRows::f32(&p_buf, 0)),
-                            BenchMode::DraftLogits => GpuDraft::Logits(GpuRows::f32(&d_buf, 0)),
-                            _ => GpuDraft::OneHot,
-                        },
-                        draft_vocab_size: None,
-                        synthetic_rates: None,
-                    };
-                    let host_batch = VerifyBatch {
-                        vocab_size: v,
-                        requests: &requests,
-                        draft_token_ids: &drafts,
-                        target_logits: Logits::F32(target),
-                        draft: match (mode, draft_host) {
-                            (BenchMode::DraftProbs, Some(d)) => Draft::Probs(Logits::F32(d)),
-                            (BenchMode::DraftLogits, Some(d)) => Draft::Logits(Logits::F32(d)),
-                            _ => Draft::OneHot,
-                        },
-                        draft_vocab_size: None,
-                        synthetic_rates: None,
-                    };
-                    // 1. Correctness first: the GPU against the CPU twin on this input.
-                    let one_call = || -> Result<VerifyOutput, Error> {
-                        let mut enc = device.create_command_encoder(&Default::default());
-                        let pending = verifier.record(&mut enc, &gpu_batch)?;
-                        queue.submit([enc.finish()]);
-                        verifier.read_blocking(pending)
-                    };
-                    let got = one_call()?;
-                    let want = cpu.verify_blocking(&host_batch)?;
-                    let bad = mismatches(&got, &want);
-                    // 2. Whole calls.
-                    for _ in 0..cfg.warmup {
-                        one_call()?;
-                    }
-                    let mut calls = Vec::with_capacity(cfg.reps);
-                    let mut host = Vec::with_capacity(cfg.reps);
-                    for _ in 0..cfg.reps {
-                        let t0 = Instant::now();
-                        let mut enc = device.create_command_encoder(&Default::default());
-                        let pending = verifier.record(&mut enc, &gpu_batch)?;
-                        queue.submit([enc.finish()]);
-                        host.push(t0.elapsed().as_secs_f64() * 1e6);
-                        verifier.read_blocking(pending)?;
-                        calls.push(t0.elapsed().as_secs_f64() * 1e6);
-                    }
-                    // 3. GPU time from timestamps around the verify pass, then each kernel in a
-                    // timed pass of its own (where the time goes).
-                    let timed = |phases: u32, stamps: &dyn Fn(&wgpu::QuerySet, u32) -> crate::Timestamps<'_>| match &query {
-                        Some(qs) => timed_medians(&device, &queue, &verifier, &gpu_batch, cfg.reps, phases, qs, &resolve, &q_read, period_ns, stamps).map(Some),
-                        None => Ok(None),
-                    };
-                    let whole = timed(1, &|qs, i| {
-                        crate::Timestamps::Pass(wgpu::ComputePassTimestampWrites {
-                            query_set: qs,
-                            beginning_of_pass_write_index: Some(2 * i),
-                            end_of_pass_write_index: Some(2 * i + 1),
-                        })
-                    })?;
-                    let gpu_us = whole.map_or_else(|| median(&mut calls.clone()), |m| m[0]);
-                    let call_us = median(&mut calls);
-                    let kernels_us = timed(4, &|qs, i| crate::Timestamps::PerKernel {
-                        query_set: qs,
-                        first: 8 * i,
-                    })?
-                    .map(|m| [m[0], m[1], m[2], m[3]]);
-                    let host_us = median(&mut host);
-                    let bytes =
-                        (n_t * t_size + if mode.has_draft_rows() { n_d * 4 } else { 0 }) as u64;
-                    let row = BenchRow {
-                        mode,
-                        batch: r,
-                        k,
-                        vocab: v,
-                        gpu_us,
-                        call_us,
-                        bytes,
-                        gbps: bytes as f64 / gpu_us / 1e3,
-                        baseline_us: None,
-                        mismatches: bad,
-                        anchor: anchor(mode, r, k, v),
-                        kernels_us,
-                        host_us,
-                    };
-                    progress(&row_line(&row, read_gbps));
-                    rows.push(row);
-                }
+        let max_r = *cfg.batches.iter().max().unwrap_or(&1) as usize;
+        let max_k = *cfg.ks.iter().max().unwrap_or(&1) as usize;
+        let max_v = *cfg.vocabs.iter().max().unwrap_or(&1) as usize;
+        let t_len = max_r * (max_k + 1) * max_v;
+        let d_len = max_r * max_k * max_v;
+        progress(&format!(
+            "generating {:.2} GB of logits (2·N(0,1))",
+            ((t_len + d_len) * 4) as f64 / 1e9
+        ));
+        let mut host_t = vec![0f32; t_len];
+        fill_normal(&mut host_t, 1, 2.0);
+        if cfg.bf16 {
+            for x in &mut host_t {
+                *x = f32::from_bits(x.to_bits() & 0xffff_0000);
             }
         }
+        let t_size = if cfg.bf16 { 2 } else { 4 };
+        let mut host_d = vec![0f32; d_len];
+        fill_normal(&mut host_d, 2, 2.0);
+        let storage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let make = |label, bytes: usize| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: (bytes as u64).max(16).next_multiple_of(16),
+                usage: storage,
+                mapped_at_creation: false,
+            })
+        };
+        let t_buf = make("bench.target", t_len * t_size);
+        let d_buf = make("bench.draft_logits", d_len * 4);
+        let p_buf = make("bench.draft_probs", d_len * 4);
+        if cfg.bf16 {
+            let bits: Vec<u16> = host_t.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+            let mut bytes: Vec<u8> = bytemuck::cast_slice(&bits).to_vec();
+            bytes.resize(bytes.len().next_multiple_of(4), 0);
+            queue.write_buffer(&t_buf, 0, &bytes);
+        } else {
+            queue.write_buffer(&t_buf, 0, bytemuck::cast_slice(&host_t));
+        }
+        queue.write_buffer(&d_buf, 0, bytemuck::cast_slice(&host_d));
+        queue.submit([]);
+        let (query, resolve, q_read) = timestamp_buffers(&device, cfg.reps, timestamps);
+        Ok(GpuBench {
+            device,
+            queue,
+            verifier,
+            cpu,
+            period_ns,
+            host_t,
+            host_d,
+            t_size,
+            t_buf,
+            d_buf,
+            p_buf,
+            query,
+            resolve,
+            q_read,
+        })
     }
-    // 4. The baseline users have today: copy the logits to the host and verify there. It runs
-    // after every timed point: its gigabytes of mapped host memory slowed the GPU timings that
-    // followed it on the H200 (seen 2026-11-21), so it must not precede them.
-    if cfg.baseline_reps > 0 {
+
+    /// Measures one grid point: correctness against the CPU twin first, then whole calls, then
+    /// GPU time from timestamps around the verify pass and around each kernel.
+    fn point(
+        &self,
+        cfg: &BenchConfig,
+        mode: BenchMode,
+        (r, k, v): (u32, u32, u32),
+        drafts: &[i32],
+        probs: &mut Vec<f32>,
+    ) -> Result<BenchRow, Error> {
+        let (vu, ru, ku) = (v as usize, r as usize, k as usize);
+        let n_t = ru * (ku + 1) * vu;
+        let n_d = ru * ku * vu;
+        let requests = requests_for(mode, ru, k, cfg);
+        let draft_host: Option<&[f32]> = match mode {
+            BenchMode::DraftProbs => {
+                softmax_rows(&self.host_d[..n_d], vu, probs);
+                self.queue
+                    .write_buffer(&self.p_buf, 0, bytemuck::cast_slice(probs));
+                Some(probs)
+            }
+            BenchMode::DraftLogits => Some(&self.host_d[..n_d]),
+            _ => None,
+        };
+        let gpu_batch = GpuVerifyBatch {
+            vocab_size: v,
+            requests: &requests,
+            draft_token_ids: drafts,
+            target_logits: GpuRows::f32(&self.t_buf, 0).with_dtype(if cfg.bf16 {
+                crate::Dtype::Bf16
+            } else {
+                crate::Dtype::F32
+            }),
+            draft: match mode {
+                BenchMode::DraftProbs => GpuDraft::Probs(GpuRows::f32(&self.p_buf, 0)),
+                BenchMode::DraftLogits => GpuDraft::Logits(GpuRows::f32(&self.d_buf, 0)),
+                _ => GpuDraft::OneHot,
+            },
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        };
+        let host_batch = VerifyBatch {
+            vocab_size: v,
+            requests: &requests,
+            draft_token_ids: drafts,
+            target_logits: Logits::F32(&self.host_t[..n_t]),
+            draft: match (mode, draft_host) {
+                (BenchMode::DraftProbs, Some(d)) => Draft::Probs(Logits::F32(d)),
+                (BenchMode::DraftLogits, Some(d)) => Draft::Logits(Logits::F32(d)),
+                _ => Draft::OneHot,
+            },
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        };
+        // 1. Correctness first: the GPU against the CPU twin on this input.
+        let got = self.one_call(&gpu_batch)?;
+        let want = self.cpu.verify_blocking(&host_batch)?;
+        let bad = mismatches(&got, &want);
+        // 2. Whole calls.
+        let (mut calls, mut host) = self.whole_calls(cfg, &gpu_batch)?;
+        // 3. GPU time from timestamps around the verify pass, then each kernel in a timed pass
+        // of its own (where the time goes).
+        let whole = self.timed(cfg, &gpu_batch, 1, &|qs, i| {
+            crate::Timestamps::Pass(wgpu::ComputePassTimestampWrites {
+                query_set: qs,
+                beginning_of_pass_write_index: Some(2 * i),
+                end_of_pass_write_index: Some(2 * i + 1),
+            })
+        })?;
+        let gpu_us = whole.map_or_else(|| median(&mut calls.clone()), |m| m[0]);
+        let call_us = median(&mut calls);
+        let kernels_us = self
+            .timed(cfg, &gpu_batch, 4, &|qs, i| crate::Timestamps::PerKernel {
+                query_set: qs,
+                first: 8 * i,
+            })?
+            .map(|m| [m[0], m[1], m[2], m[3]]);
+        let host_us = median(&mut host);
+        let bytes = (n_t * self.t_size + if mode.has_draft_rows() { n_d * 4 } else { 0 }) as u64;
+        Ok(BenchRow {
+            mode,
+            batch: r,
+            k,
+            vocab: v,
+            gpu_us,
+            call_us,
+            bytes,
+            gbps: bytes as f64 / gpu_us / 1e3,
+            baseline_us: None,
+            mismatches: bad,
+            anchor: anchor(mode, r, k, v),
+            kernels_us,
+            host_us,
+        })
+    }
+
+    /// One whole verify call: record, submit, read back.
+    fn one_call(&self, batch: &GpuVerifyBatch<'_>) -> Result<VerifyOutput, Error> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        let pending = self.verifier.record(&mut enc, batch)?;
+        self.queue.submit([enc.finish()]);
+        self.verifier.read_blocking(pending)
+    }
+
+    /// `cfg.warmup` untimed calls, then `cfg.reps` timed ones: (whole call µs, record + submit
+    /// µs) of each.
+    fn whole_calls(
+        &self,
+        cfg: &BenchConfig,
+        batch: &GpuVerifyBatch<'_>,
+    ) -> Result<(Vec<f64>, Vec<f64>), Error> {
+        for _ in 0..cfg.warmup {
+            self.one_call(batch)?;
+        }
+        let mut calls = Vec::with_capacity(cfg.reps);
+        let mut host = Vec::with_capacity(cfg.reps);
+        for _ in 0..cfg.reps {
+            let t0 = Instant::now();
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            let pending = self.verifier.record(&mut enc, batch)?;
+            self.queue.submit([enc.finish()]);
+            host.push(t0.elapsed().as_secs_f64() * 1e6);
+            self.verifier.read_blocking(pending)?;
+            calls.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok((calls, host))
+    }
+
+    /// The median µs of each of `phases` timed phases over `cfg.reps` calls, or `None` without
+    /// timestamp queries.
+    fn timed(
+        &self,
+        cfg: &BenchConfig,
+        batch: &GpuVerifyBatch<'_>,
+        phases: u32,
+        stamps: &dyn Fn(&wgpu::QuerySet, u32) -> crate::Timestamps<'_>,
+    ) -> Result<Option<Vec<f64>>, Error> {
+        let Some(qs) = &self.query else {
+            return Ok(None);
+        };
+        timed_medians(
+            &self.device,
+            &self.queue,
+            &self.verifier,
+            batch,
+            cfg.reps,
+            phases,
+            qs,
+            &self.resolve,
+            &self.q_read,
+            self.period_ns,
+            stamps,
+        )
+        .map(Some)
+    }
+
+    /// Step 4, the baseline users have today: copy the logits to the host and verify there, for
+    /// the rows at `baseline_k` and `baseline_vocab`. It runs after every timed point: its
+    /// gigabytes of mapped host memory slowed the GPU timings that followed it on the H200
+    /// (seen 2026-11-21), so it must not precede them.
+    fn baselines(
+        &self,
+        cfg: &BenchConfig,
+        rows: &mut [BenchRow],
+        probs: &mut Vec<f32>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<(), Error> {
         let (ru, ku, vu) = (
             *cfg.batches.iter().max().unwrap_or(&1) as usize,
             cfg.baseline_k as usize,
             cfg.baseline_vocab as usize,
         );
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("bench.baseline_staging"),
             size: ((ru * (2 * ku + 1) * vu * 4) as u64).next_multiple_of(16),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -576,7 +641,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
             let (vu, ru, ku) = (v as usize, r as usize, k as usize);
             let (n_t, n_d) = (ru * (ku + 1) * vu, ru * ku * vu);
             let drafts = drafts_for(
-                &host_t[..n_t],
+                &self.host_t[..n_t],
                 vu,
                 ru,
                 ku,
@@ -584,29 +649,30 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
             );
             let requests = requests_for(mode, ru, k, cfg);
             if mode == BenchMode::DraftProbs {
-                softmax_rows(&host_d[..n_d], vu, &mut probs);
-                queue.write_buffer(&p_buf, 0, bytemuck::cast_slice(&probs));
+                softmax_rows(&self.host_d[..n_d], vu, probs);
+                self.queue
+                    .write_buffer(&self.p_buf, 0, bytemuck::cast_slice(probs));
             }
             let host_batch = VerifyBatch {
                 vocab_size: v,
                 requests: &requests,
                 draft_token_ids: &drafts,
-                target_logits: Logits::F32(&host_t[..n_t]),
+                target_logits: Logits::F32(&self.host_t[..n_t]),
                 draft: Draft::OneHot,
                 draft_vocab_size: None,
                 synthetic_rates: None,
             };
             let src = match mode {
-                BenchMode::DraftProbs => Some(&p_buf),
-                BenchMode::DraftLogits => Some(&d_buf),
+                BenchMode::DraftProbs => Some(&self.p_buf),
+                BenchMode::DraftLogits => Some(&self.d_buf),
                 _ => None,
             };
             row.baseline_us = Some(baseline(
-                &device,
-                &queue,
-                &cpu,
+                &self.device,
+                &self.queue,
+                &self.cpu,
                 &host_batch,
-                &t_buf,
+                &self.t_buf,
                 n_t,
                 mode,
                 src,
@@ -620,10 +686,73 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                 row.baseline_us.unwrap_or(f64::NAN)
             ));
         }
+        Ok(())
+    }
+}
+
+/// The query set (8 timestamps per call, `reps` calls) and its resolve and readback buffers.
+fn timestamp_buffers(
+    device: &wgpu::Device,
+    reps: usize,
+    timestamps: bool,
+) -> (Option<wgpu::QuerySet>, wgpu::Buffer, wgpu::Buffer) {
+    let query = timestamps.then(|| {
+        device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("bench.timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 8 * reps.max(1) as u32,
+        })
+    });
+    let q_bytes = 64 * reps.max(1) as u64;
+    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.resolve"),
+        size: q_bytes,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let q_read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("bench.resolve_read"),
+        size: q_bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    (query, resolve, q_read)
+}
+
+/// Runs the grid on the GPU chosen like `Verifier::new` (timestamps when the adapter has them).
+/// `progress` receives one line per finished point.
+pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<BenchReport, Error> {
+    let (info, device, queue, timestamps) = bench_device(cfg)?;
+    let b = GpuBench::new(cfg, device, queue, timestamps, &mut progress)?;
+    // Ceilings: device-to-device copy (read + write bytes) and a plain read kernel.
+    let (copy_gbps, read_gbps) = ceilings(&b.verifier, &b.t_buf, timestamps, b.period_ns)?;
+    progress(&format!(
+        "{}: copy {copy_gbps:.0} GB/s (read+write), read kernel {read_gbps:.0} GB/s",
+        info.name
+    ));
+    let mut rows = Vec::new();
+    let mut probs = Vec::new();
+    for &v in &cfg.vocabs {
+        for &k in &cfg.ks {
+            for &r in &cfg.batches {
+                let (vu, ru, ku) = (v as usize, r as usize, k as usize);
+                let target = &b.host_t[..ru * (ku + 1) * vu];
+                let seed = u64::from(v) ^ u64::from(r << 8) ^ u64::from(k);
+                let drafts = drafts_for(target, vu, ru, ku, seed);
+                for &mode in &cfg.modes {
+                    let row = b.point(cfg, mode, (r, k, v), &drafts, &mut probs)?;
+                    progress(&row_line(&row, read_gbps));
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    if cfg.baseline_reps > 0 {
+        b.baselines(cfg, &mut rows, &mut probs, &mut progress)?;
     }
     Ok(BenchReport {
         adapter: info.name.clone(),
-        int64: verifier.gpu_backend().is_some_and(|g| g.variant.int64),
+        int64: b.verifier.gpu_backend().is_some_and(|g| g.variant.int64),
         backend: format!("{:?}", info.backend),
         date: today(),
         copy_gbps,
@@ -1146,7 +1275,6 @@ impl BenchReport {
             b
         };
         let xmax = (*xs.last().unwrap_or(&1) as f64).log2().max(1.0);
-        let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -1157,78 +1285,17 @@ impl BenchReport {
             r#"<text x="{pad}" y="20" font-size="14">specdec GPU time per verify call vs vLLM MRV2 (dashed), V={vocab}, {} ({})</text>"#,
             self.adapter, self.date
         );
-        for (pi, mode) in modes.iter().enumerate() {
+        let frame = SvgFrame {
+            pw,
+            ph,
+            y0: pad,
+            xmax,
+            ymin,
+            ymax,
+        };
+        for (pi, &mode) in modes.iter().enumerate() {
             let x0 = pad + pi as f64 * (pw + pad);
-            let y0 = pad;
-            let _ = writeln!(
-                s,
-                r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
-            );
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{}">{}</text>"#,
-                x0 + 5.0,
-                y0 + 15.0,
-                mode.name()
-            );
-            let px = |b: u32| x0 + (b as f64).log2() / xmax * pw;
-            let py = |us: f64| y0 + ph - (us.max(1e-3).log10() - ymin) / (ymax - ymin) * ph;
-            for d in (ymin as i32)..=(ymax as i32) {
-                let y = py(10f64.powi(d));
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-                    x0 + pw,
-                    x0 - 3.0,
-                    y + 4.0,
-                    10f64.powi(d)
-                );
-            }
-            for &b in &xs {
-                let _ = writeln!(
-                    s,
-                    r#"<text x="{}" y="{}" text-anchor="middle">R={b}</text>"#,
-                    px(b),
-                    y0 + ph + 15.0
-                );
-            }
-            let mut ks: Vec<u32> = pts.iter().map(|r| r.k).collect();
-            ks.sort_unstable();
-            ks.dedup();
-            for (ci, &k) in ks.iter().enumerate() {
-                let color = colors[ci % colors.len()];
-                let line: Vec<&&BenchRow> =
-                    pts.iter().filter(|r| r.mode == *mode && r.k == k).collect();
-                let ours: Vec<String> = line
-                    .iter()
-                    .map(|r| format!("{:.1},{:.1}", px(r.batch), py(r.gpu_us)))
-                    .collect();
-                let theirs: Vec<String> = line
-                    .iter()
-                    .filter_map(|r| {
-                        r.anchor
-                            .map(|a| format!("{:.1},{:.1}", px(r.batch), py(a.0)))
-                    })
-                    .collect();
-                let _ = writeln!(
-                    s,
-                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-                    ours.join(" ")
-                );
-                if !theirs.is_empty() {
-                    let _ = writeln!(
-                        s,
-                        r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="5,4"/>"#,
-                        theirs.join(" ")
-                    );
-                }
-                let _ = writeln!(
-                    s,
-                    r#"<text x="{}" y="{}" fill="{color}">k={k}</text>"#,
-                    x0 + pw - 40.0,
-                    y0 + 15.0 + 14.0 * ci as f64
-                );
-            }
+            svg_panel(&mut s, &frame, x0, mode, &pts, &xs);
         }
         let _ = writeln!(
             s,
@@ -1260,6 +1327,106 @@ impl BenchReport {
     }
 }
 
+/// The axes every panel of [`BenchReport::svg`] shares: panel size, top edge, log2 of the
+/// largest R, and the decades of the µs axis.
+struct SvgFrame {
+    pw: f64,
+    ph: f64,
+    y0: f64,
+    xmax: f64,
+    ymin: f64,
+    ymax: f64,
+}
+
+/// One mode's panel at `x0`: frame, grid, R labels, and per k our line (solid) and the anchor's
+/// (dashed).
+fn svg_panel(
+    s: &mut String,
+    f: &SvgFrame,
+    x0: f64,
+    mode: BenchMode,
+    pts: &[&BenchRow],
+    xs: &[u32],
+) {
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let SvgFrame {
+        pw,
+        ph,
+        y0,
+        xmax,
+        ymin,
+        ymax,
+    } = *f;
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}">{}</text>"#,
+        x0 + 5.0,
+        y0 + 15.0,
+        mode.name()
+    );
+    let px = |b: u32| x0 + (b as f64).log2() / xmax * pw;
+    let py = |us: f64| y0 + ph - (us.max(1e-3).log10() - ymin) / (ymax - ymin) * ph;
+    for d in (ymin as i32)..=(ymax as i32) {
+        let y = py(10f64.powi(d));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            x0 + pw,
+            x0 - 3.0,
+            y + 4.0,
+            10f64.powi(d)
+        );
+    }
+    for &b in xs {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">R={b}</text>"#,
+            px(b),
+            y0 + ph + 15.0
+        );
+    }
+    let mut ks: Vec<u32> = pts.iter().map(|r| r.k).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    for (ci, &k) in ks.iter().enumerate() {
+        let color = colors[ci % colors.len()];
+        let line: Vec<&&BenchRow> = pts.iter().filter(|r| r.mode == mode && r.k == k).collect();
+        let ours: Vec<String> = line
+            .iter()
+            .map(|r| format!("{:.1},{:.1}", px(r.batch), py(r.gpu_us)))
+            .collect();
+        let theirs: Vec<String> = line
+            .iter()
+            .filter_map(|r| {
+                r.anchor
+                    .map(|a| format!("{:.1},{:.1}", px(r.batch), py(a.0)))
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+            ours.join(" ")
+        );
+        if !theirs.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="5,4"/>"#,
+                theirs.join(" ")
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" fill="{color}">k={k}</text>"#,
+            x0 + pw - 40.0,
+            y0 + 15.0 + 14.0 * ci as f64
+        );
+    }
+}
+
 /// Help text of the benchmark command (`specdec bench` and `cargo bench --bench verify`).
 pub const HELP: &str = "\
 Benchmark the verify step on this machine (checks every point against the CPU twin first).
@@ -1277,89 +1444,122 @@ Options:
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
+/// A parsed command line: the grid, where the files go, and whether the CPU backend runs.
+struct BenchArgs {
+    cfg: BenchConfig,
+    out: std::path::PathBuf,
+    cpu: bool,
+}
+
+/// `flag`'s comma-separated list of numbers.
+fn parse_list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("{flag}: {x:?} is not a number"))
+        })
+        .collect()
+}
+
+/// `flag`'s single number.
+fn parse_one<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{flag}: {s:?} is not a number"))
+}
+
+/// Parses the benchmark's options; `Ok(None)` asks for the help text.
+fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
+    let mut cfg = if args.iter().any(|a| a == "--quick") {
+        BenchConfig::quick()
+    } else {
+        BenchConfig::full()
+    };
+    let mut out = std::path::PathBuf::from("benches/results");
+    let mut cpu = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value"))
+        };
+        match a.as_str() {
+            "--quick" => {}
+            "--cpu" => cpu = true,
+            "--no-baseline" => cfg.baseline_reps = 0,
+            "--portable" => cfg.shader_int64 = false,
+            "--bf16" => cfg.bf16 = true,
+            "--block" => cfg.block = true,
+            "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
+            "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
+            "--batch" => cfg.batches = parse_list("--batch", &value()?)?,
+            "--k" => cfg.ks = parse_list("--k", &value()?)?,
+            "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
+            "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
+            "--out" => out = value()?.into(),
+            "--modes" => {
+                cfg.modes = value()?
+                    .split(',')
+                    .map(|m| {
+                        BenchMode::parse(m).ok_or_else(|| {
+                            format!(
+                                "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown option {other:?}; see --help")),
+        }
+    }
+    check_config(&cfg)?;
+    Ok(Some(BenchArgs { cfg, out, cpu }))
+}
+
+/// Every value of the grid in range, before any work: a bad value is a usage error (exit code
+/// 2), never a panic or a table of NaN halfway through a run.
+fn check_config(cfg: &BenchConfig) -> Result<(), String> {
+    if cfg.batches.is_empty() || cfg.ks.is_empty() || cfg.vocabs.is_empty() || cfg.modes.is_empty()
+    {
+        return Err("empty grid: --batch, --k, --vocab and --modes need at least one value".into());
+    }
+    let max_k = crate::MAX_DRAFTS_PER_REQUEST;
+    if let Some(r) = cfg.batches.iter().find(|&&r| r == 0) {
+        return Err(format!("--batch {r}: a batch holds at least 1 request"));
+    }
+    if let Some(k) = cfg.ks.iter().find(|&&k| k == 0 || k > max_k) {
+        return Err(format!(
+            "--k {k}: drafts per request must be in 1..={max_k}"
+        ));
+    }
+    if let Some(v) = cfg.vocabs.iter().find(|&&v| v == 0 || v > i32::MAX as u32) {
+        return Err(format!(
+            "--vocab {v}: the vocabulary must be in 1..={}",
+            i32::MAX
+        ));
+    }
+    if cfg.reps == 0 {
+        return Err("--reps 0: at least 1 timed call per point".into());
+    }
+    if !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
+        return Err(format!(
+            "--top-p {}: must be in (0, 1]; 1 turns it off",
+            cfg.top_p
+        ));
+    }
+    if cfg.target_workgroups == 0 {
+        return Err("--target-wgs 0: a pass aims for at least 1 workgroup".into());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark command line `args` (without the program name); returns the exit code.
 /// Progress and the table go to stdout, errors to stderr as one line each.
 pub fn main_with_args(args: &[String]) -> i32 {
-    fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
-        s.split(',')
-            .map(|x| {
-                x.trim()
-                    .parse()
-                    .map_err(|_| format!("{flag}: {x:?} is not a number"))
-            })
-            .collect()
-    }
-    let parsed = (|| -> Result<Option<(BenchConfig, std::path::PathBuf, bool)>, String> {
-        let mut cfg = if args.iter().any(|a| a == "--quick") {
-            BenchConfig::quick()
-        } else {
-            BenchConfig::full()
-        };
-        let mut out = std::path::PathBuf::from("benches/results");
-        let mut cpu = false;
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let mut value = || {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("{a} needs a value"))
-            };
-            match a.as_str() {
-                "--quick" => {}
-                "--cpu" => cpu = true,
-                "--no-baseline" => cfg.baseline_reps = 0,
-                "--portable" => cfg.shader_int64 = false,
-                "--bf16" => cfg.bf16 = true,
-                "--block" => cfg.block = true,
-                "--top-p" => {
-                    cfg.top_p = value()?
-                        .parse()
-                        .map_err(|_| "--top-p needs a number in (0, 1]".to_string())?
-                }
-                "--reps" => {
-                    cfg.reps = value()?
-                        .parse()
-                        .map_err(|_| "--reps needs a number".to_string())?
-                }
-                "--batch" => cfg.batches = list("--batch", &value()?)?,
-                "--k" => cfg.ks = list("--k", &value()?)?,
-                "--vocab" => cfg.vocabs = list("--vocab", &value()?)?,
-                "--target-wgs" => {
-                    cfg.target_workgroups = value()?
-                        .parse()
-                        .map_err(|_| "--target-wgs needs a number".to_string())?
-                }
-                "--out" => out = value()?.into(),
-                "--modes" => {
-                    cfg.modes = value()?
-                        .split(',')
-                        .map(|m| {
-                            BenchMode::parse(m).ok_or_else(|| {
-                                format!(
-                                "unknown mode {m:?} (greedy, draft_probs, draft_logits, one_hot)"
-                            )
-                            })
-                        })
-                        .collect::<Result<_, _>>()?
-                }
-                "-h" | "--help" => return Ok(None),
-                other => return Err(format!("unknown option {other:?}; see --help")),
-            }
-        }
-        if cfg.batches.is_empty()
-            || cfg.ks.is_empty()
-            || cfg.vocabs.is_empty()
-            || cfg.modes.is_empty()
-            || cfg.reps == 0
-        {
-            return Err(
-                "empty grid: --batch, --k, --vocab, --modes and --reps need at least one value"
-                    .into(),
-            );
-        }
-        Ok(Some((cfg, out, cpu)))
-    })();
-    let (cfg, out, cpu) = match parsed {
+    let BenchArgs { cfg, out, cpu } = match parse_args(args) {
         Ok(Some(p)) => p,
         Ok(None) => {
             print!("{HELP}");

@@ -497,16 +497,30 @@ pub fn chi_square_quantile(upper_tail_alpha: f64, df: f64) -> f64 {
     let z = -normal_quantile(alpha);
     let v = 2.0 / (9.0 * df);
     let wh = df * (1.0 - v + z * v.sqrt()).powi(3);
-    let mut x = if wh.is_finite() && wh > 0.0 {
+    let x = if wh.is_finite() && wh > 0.0 {
         wh
     } else {
         df.max(1.0)
     };
 
+    let (lo, hi, x, g, slope) = bracket_root(&eval, x, alpha, df);
+    safeguarded_newton(&eval, lo, hi, x, g, slope)
+}
+
+/// Brackets the root of the decreasing `eval` (value and slope of g, see
+/// [`chi_square_quantile`]) from the starting point `x`: returns `(lo, hi, x, g(x), g'(x))` with
+/// g(lo) > 0 ≥ g(hi) and `x` the end Newton's method continues from.
+fn bracket_root(
+    eval: &impl Fn(f64) -> (f64, f64),
+    x: f64,
+    alpha: f64,
+    df: f64,
+) -> (f64, f64, f64, f64, f64) {
     // Bracket the root: lo has g > 0, hi has g < 0 (lo = 0 is a valid lower
     // end since g(0+) = +∞).
+    let mut x = x;
     let mut lo = 0.0_f64;
-    let mut hi: f64;
+    let hi: f64;
     let (mut g, mut slope) = eval(x);
     if g > 0.0 {
         lo = x;
@@ -537,6 +551,19 @@ pub fn chi_square_quantile(upper_tail_alpha: f64, df: f64) -> f64 {
         hi = x;
     }
 
+    (lo, hi, x, g, slope)
+}
+
+/// Newton's method on the decreasing `eval` from `x` (where g = `g`, g' = `slope`) inside the
+/// bracket `[lo, hi]`, every step that would leave the bracket replaced by bisection.
+fn safeguarded_newton(
+    eval: &impl Fn(f64) -> (f64, f64),
+    mut lo: f64,
+    mut hi: f64,
+    mut x: f64,
+    mut g: f64,
+    mut slope: f64,
+) -> f64 {
     // Safeguarded Newton iteration. Near the root the Newton step is
     // quadratically convergent, so once a step is below 1e-13 relative a
     // single further step reaches the rounding noise of g; we then stop,
