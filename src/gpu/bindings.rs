@@ -1,4 +1,4 @@
-//! Small binding helpers shared by every pass (and by `speculative::gather_rows`): layout
+//! Small binding functions shared by every pass (and by `speculative::gather_rows`): layout
 //! entries, bind group entries over whole or ranged buffers, the Params slot, and the error scope
 //! every GPU call runs in.
 
@@ -14,7 +14,7 @@ pub(super) const PARAMS_BYTES: usize = std::mem::size_of::<Params>();
 /// A compute-stage bind group layout entry of `ty` at `binding`.
 ///
 /// `pub(crate)` so that `speculative::gather_rows`, which builds its own pipeline outside
-/// [`GpuBackend`], lays out its bindings with the same helpers instead of a copy.
+/// [`GpuBackend`], lays out its bindings with the same functions instead of a copy.
 pub(crate) fn layout_entry(binding: u32, ty: wgpu::BindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,

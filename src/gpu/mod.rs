@@ -10,7 +10,7 @@
 //!    [`row_stats`] → [`verify`] → [`block_mass`] → [`residual`] (residual_argmax);
 //! 7. [`readback`]: map, wait, copy the packed words out.
 //!
-//! [`bindings`] holds the small binding helpers and the error scope, [`diagnostics`] the
+//! [`bindings`] holds the small binding functions and the error scope, [`diagnostics`] the
 //! rng_check and read-bandwidth kernels. [`GpuBackend::record`] calls the steps in that order.
 
 mod adapter;
