@@ -139,16 +139,22 @@ fn gpu_matches_the_twin_on_the_battery_requests() {
         conditional_for_mean_length(6, 3.4).unwrap(),
     ];
     let mut gen = Gen::new(4);
-    for rates in &schedules {
-        for kind in 0..3u8 {
-            let b = batch(&mut gen, rates, 1024, kind);
-            let want = cpu().verify_blocking(&b.batch()).unwrap();
-            let differ = twin_differences(&g.verify_blocking(&b.batch()).unwrap(), &want);
+    // One call per draft kind, the three schedules' requests appended (the GPU's cost per call is
+    // mostly fixed on a software adapter).
+    for kind in 0..3u8 {
+        let mut b = batch(&mut gen, &schedules[0], 1024, kind);
+        for rates in &schedules[1..] {
+            b.append(&batch(&mut gen, rates, 1024, kind));
+        }
+        let want = cpu().verify_blocking(&b.batch()).unwrap();
+        let differ = twin_differences(&g.verify_blocking(&b.batch()).unwrap(), &want);
+        for (i, rates) in schedules.iter().enumerate() {
+            let mine: Vec<_> = differ.iter().filter(|(r, _)| r / 1024 == i).collect();
             println!(
                 "rates {rates:?}, draft kind {kind}: {} of 1024 requests differ",
-                differ.len()
+                mine.len()
             );
-            assert!(differ.len() <= 1, "rates {rates:?} kind {kind}: {differ:?}");
+            assert!(mine.len() <= 1, "rates {rates:?} kind {kind}: {mine:?}");
         }
     }
 }
