@@ -19,7 +19,12 @@ use specdec::{
 
 /// Significance of every χ² test: a correct sampler fails one with probability 1e-6.
 const ALPHA: f64 = 1e-6;
+/// Requests per verify call on the GPU (its cost per call is mostly fixed on a software adapter)
+/// and on the twin (whose cost per request grows with the batch: `Plan::logprob_flags` scans
+/// every request, once per row). The requests are the same either way: `run` draws them from
+/// one generator with no draws between calls, and a request's tokens do not depend on its batch.
 const REQUESTS_PER_CALL: usize = 8192;
+const TWIN_REQUESTS_PER_CALL: usize = 512;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
@@ -202,7 +207,12 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
     let qs: Vec<Vec<f64>> = (0..pb.k).map(|i| pb.q(i)).collect();
     let mut trials = Vec::with_capacity(n);
     while trials.len() < n {
-        let r = REQUESTS_PER_CALL.min(n - trials.len());
+        let per_call = if v.is_gpu() {
+            REQUESTS_PER_CALL
+        } else {
+            TWIN_REQUESTS_PER_CALL
+        };
+        let r = per_call.min(n - trials.len());
         let call = Call::new(pb, &qs, r, &mut g);
         let out = v.verify_blocking(&call.batch(pb)).expect("verify");
         for i in 0..r {
