@@ -6,6 +6,13 @@
 //! computed by enumerating every draft sequence, and it is higher); a wrong residual that the
 //! same tests reject; greedy requests unaffected. With draft probabilities and draft logits the
 //! exactness battery covers every control × temperature on the twin.
+//!
+//! Tiers. The χ² batteries and their negative controls run on the CPU twin; on the GPU the
+//! default tier proves equality with the twin on the batteries' own requests
+//! (`*_matches_the_twin_*`), which catches an injected fault: GPU == twin and twin exact ⇒ GPU
+//! exact. The χ² batteries on the GPU itself (minutes on a software adapter) are the thorough
+//! tier, skipped with a printed line unless `SPECDEC_THOROUGH=1`:
+//! `SPECDEC_THOROUGH=1 cargo test --release --test block`.
 
 mod common;
 use common::*;
@@ -145,7 +152,9 @@ fn block_is_exact_at_the_optimum_cpu() {
 
 #[test]
 fn block_is_exact_at_the_optimum_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("block", "block_is_exact_at_the_optimum_gpu") else {
+        return;
+    };
     battery(g, &faulty(true), 24_000, 2);
 }
 
@@ -284,9 +293,38 @@ impl Setting {
     }
 }
 
+/// `m` requests of `rule` in setting `s`, one step each: drafts drawn from `qs` by `g`, the rows
+/// of [`dist_problem`], `draft_rows` repeated per request.
+fn dist_batch(
+    rule: Rule,
+    s: Setting,
+    qs: &[Vec<f64>],
+    draft_rows: &[f32],
+    m: usize,
+    g: &mut Gen,
+) -> Owned {
+    let (rows, _) = dist_problem();
+    let reqs: Vec<_> = (0..m)
+        .map(|_| {
+            let drafts = qs.iter().map(|q| g.sample(q) as i32).collect();
+            let params = s.c.apply(SamplingParams {
+                rule,
+                ..SamplingParams::seeded(s.t, g.u64())
+            });
+            (params, drafts, rows.clone())
+        })
+        .collect();
+    let mut b = explicit(V as u32, &reqs);
+    b.draft_kind = s.kind;
+    b.draft = (0..m).flat_map(|_| draft_rows.iter().copied()).collect();
+    for (i, r) in b.requests.iter_mut().enumerate() {
+        r.position = (i as u64 * 7919) % 100_000;
+    }
+    b
+}
+
 /// `n` steps of `rule` in `setting`: drafts drawn from the q's, one request per step.
 fn run_dist(v: &Verifier, rule: Rule, s: Setting, n: usize, seed: u64) -> Run {
-    let (rows, _) = dist_problem();
     let (ps, qs) = (s.ps(), s.qs());
     let draft_rows = s.draft_rows();
     let mut g = Gen::new(seed);
@@ -298,22 +336,7 @@ fn run_dist(v: &Verifier, rule: Rule, s: Setting, n: usize, seed: u64) -> Run {
         // 2048 requests per call: with the controls' cutoff pass a call of 8192 on lavapipe,
         // sharing 2 cores with other test threads, once outlasted the verifier's 60 s timeout.
         let m = 2048.min(n - out.seqs.len());
-        let reqs: Vec<_> = (0..m)
-            .map(|_| {
-                let drafts = qs.iter().map(|q| g.sample(q) as i32).collect();
-                let params = s.c.apply(SamplingParams {
-                    rule,
-                    ..SamplingParams::seeded(s.t, g.u64())
-                });
-                (params, drafts, rows.clone())
-            })
-            .collect();
-        let mut b = explicit(V as u32, &reqs);
-        b.draft_kind = s.kind;
-        b.draft = (0..m).flat_map(|_| draft_rows.iter().copied()).collect();
-        for (i, r) in b.requests.iter_mut().enumerate() {
-            r.position = (i as u64 * 7919) % 100_000;
-        }
+        let b = dist_batch(rule, s, &qs, &draft_rows, m, &mut g);
         let o = v.verify_blocking(&b.batch()).expect("verify");
         for r in 0..m {
             let e = o.emitted(r);
@@ -435,7 +458,12 @@ fn block_with_draft_distributions_gains_and_stays_exact_cpu() {
 
 #[test]
 fn block_with_draft_distributions_gains_and_stays_exact_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu(
+        "block",
+        "block_with_draft_distributions_gains_and_stays_exact_gpu",
+    ) else {
+        return;
+    };
     let bad = faulty(true);
     for kind in [1, 2] {
         gain_battery(g, &bad, kind, 24_000, 20 + u64::from(kind));
@@ -509,7 +537,9 @@ fn block_grid_of_controls_and_temperatures_cpu() {
 
 #[test]
 fn block_grid_of_controls_and_temperatures_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("block", "block_grid_of_controls_and_temperatures_gpu") else {
+        return;
+    };
     grid(g, &faulty(true), &[1, 2], &[1.0], 12_000);
 }
 
@@ -571,4 +601,102 @@ fn block_with_a_draft_distribution_matches_the_twin_and_falls_back_on_bad_draft_
             });
         }
     }
+}
+
+/// Requests per setting and rule in the GPU == twin test, and settings per verify call.
+const N_TWIN: usize = 512;
+const SETTINGS_PER_CALL: usize = 4;
+
+/// The twin-test batches of one draft kind: every control × T ∈ {0.3, 1, 2} × rule, `N_TWIN`
+/// requests each (logprobs asked on every other one), `SETTINGS_PER_CALL` settings per batch,
+/// each labelled.
+fn twin_batches(kind: u8, g: &mut Gen) -> Vec<(Owned, Vec<String>)> {
+    let mut out: Vec<(Owned, Vec<String>)> = Vec::new();
+    for &(name, c) in &GRID_CONTROLS {
+        for t in [0.3f32, 1.0, 2.0] {
+            let s = Setting { kind, t, c };
+            // `ps` checks that no cut sits on its threshold.
+            let (_, qs) = (s.ps(), s.qs());
+            for rule in [Rule::Block, Rule::Exact] {
+                let mut b = dist_batch(rule, s, &qs, &s.draft_rows(), N_TWIN, g);
+                for (i, r) in b
+                    .requests
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| i % 2 == 1)
+                {
+                    r.params = r.params.with_logprobs(i % 4 == 3);
+                }
+                let label = format!("kind {kind} {name} T {t} {rule:?}");
+                match out.last_mut() {
+                    Some((o, labels)) if labels.len() < SETTINGS_PER_CALL => {
+                        o.append(&b);
+                        labels.push(label);
+                    }
+                    _ => out.push((b, vec![label])),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every setting of the grid (draft kind × controls × T ∈ {0.3, 1, 2}, both rules) on the GPU
+/// and on the twin: the same requests give the same tokens, statuses and seeds, and logprobs
+/// (asked on every other request) equal to f32 rounding; the wrong-residual control on the GPU
+/// equals the twin's and differs from the correct twin. The grid's χ² batteries run on the twin,
+/// which is exact: GPU == twin and twin exact ⇒ GPU exact. SPEC §5 lets a decision within an
+/// ulp of its threshold go either way on another GPU: one such request per setting is allowed
+/// (a total variation of 1/512, far below what the batteries resolve); lavapipe had none.
+#[test]
+fn block_matches_the_twin_on_every_grid_setting() {
+    let Some(g) = gpu() else { return };
+    let (twin, bad_gpu, bad_twin) = (cpu(), faulty(true), faulty(false));
+    let mut gen = Gen::new(900);
+    let (mut settings, mut total, mut worst, mut report) = (0, 0, 0, Vec::new());
+    let (mut caught, mut faulted) = (0, 0);
+    for kind in [0u8, 1, 2] {
+        for (call, (b, labels)) in twin_batches(kind, &mut gen).into_iter().enumerate() {
+            let want = twin.verify_blocking(&b.batch()).expect("twin");
+            let got = g.verify_blocking(&b.batch()).expect("GPU");
+            let mut per = vec![0usize; labels.len()];
+            for (r, what) in twin_differences(&got, &want) {
+                per[r / N_TWIN] += 1;
+                report.push(format!(
+                    "{} request {}: {what}",
+                    labels[r / N_TWIN],
+                    r % N_TWIN
+                ));
+            }
+            settings += labels.len();
+            total += per.iter().sum::<usize>();
+            worst = worst.max(per.into_iter().max().unwrap_or(0));
+            // The wrong-residual control on one call per kind: four settings of the grid.
+            if call == 0 {
+                let bad = bad_gpu.verify_blocking(&b.batch()).expect("GPU");
+                let same =
+                    twin_differences(&bad, &bad_twin.verify_blocking(&b.batch()).expect("twin"));
+                assert!(
+                    same.len() <= labels.len(),
+                    "kind {kind}: the faulty GPU and twin differ: {same:?}"
+                );
+                caught += twin_differences(&bad, &want).len();
+                faulted += b.requests.len();
+            }
+        }
+    }
+    println!(
+        "{} vs the twin: {settings} settings × {N_TWIN} requests, {total} differ; the \
+         wrong-residual GPU differs from the correct twin on {caught} of {faulted}",
+        g.describe()
+    );
+    assert!(
+        worst <= 1 && total <= 3,
+        "the GPU differs from the twin:\n{}",
+        report.join("\n")
+    );
+    assert!(
+        caught * 20 >= faulted,
+        "the comparison must catch the wrong-residual fault ({caught} of {faulted})"
+    );
 }

@@ -1,16 +1,30 @@
-//! Distribution tests of SPEC §4 on the CPU twin and on the GPU: both halves of the exactness
-//! identity by χ² at an exact quantile, the acceptance rate within 6 standard errors of
-//! Σ min(p, q), the emitted-length histogram against P(A ≥ j) = Π β_i, the bonus token against
-//! p — each beside a negative control (a deliberately wrong sampler) that the same test rejects.
+//! Distribution tests of SPEC §4: both halves of the exactness identity by χ² at an exact
+//! quantile, the acceptance rate within 6 standard errors of Σ min(p, q), the emitted-length
+//! histogram against P(A ≥ j) = Π β_i, the bonus token against p — each beside a negative
+//! control (a deliberately wrong sampler) that the same test rejects.
+//!
+//! Tiers. The batteries and their negative controls run on the CPU twin, over every draft kind ×
+//! control × temperature. On the GPU the default tier proves equality with the twin on the
+//! batteries' own requests (`gpu_matches_the_twin_*`), and that the comparison catches an
+//! injected fault: GPU == twin and twin exact ⇒ GPU exact. The χ² batteries on the GPU itself
+//! (minutes on a software adapter) are the thorough tier, skipped with a printed line unless
+//! `SPECDEC_THOROUGH=1`: `SPECDEC_THOROUGH=1 cargo test --release --test statistics`.
 
 mod common;
 use common::*;
 use specdec::tools::stats::{binomial_z, chi_square_gof, GofOutcome};
-use specdec::{Fault, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use specdec::{
+    Fault, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch, VerifyOutput,
+};
 
 /// Significance of every χ² test: a correct sampler fails one with probability 1e-6.
 const ALPHA: f64 = 1e-6;
+/// Requests per verify call on the GPU (its cost per call is mostly fixed on a software adapter)
+/// and on the twin (whose cost per request grows with the batch: `Plan::logprob_flags` scans
+/// every request, once per row). The requests are the same either way: `run` draws them from
+/// one generator with no draws between calls, and a request's tokens do not depend on its batch.
 const REQUESTS_PER_CALL: usize = 8192;
+const TWIN_REQUESTS_PER_CALL: usize = 512;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
@@ -124,19 +138,25 @@ struct Trial {
     emitted: Vec<i32>,
 }
 
-/// Runs `n` independent trials of the problem (drafts sampled from q, one seed per trial).
-fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
-    let mut g = Gen::new(seed);
-    let qs: Vec<Vec<f64>> = (0..pb.k).map(|i| pb.q(i)).collect();
-    let mut trials = Vec::with_capacity(n);
-    while trials.len() < n {
-        let r = REQUESTS_PER_CALL.min(n - trials.len());
-        let mut requests = Vec::with_capacity(r);
-        let mut drafts = Vec::with_capacity(r * pb.k);
-        let mut target = Vec::with_capacity(r * (pb.k + 1) * pb.vocab);
-        let mut draft = Vec::new();
+/// The data of one verify call: `r` trials of a problem.
+struct Call {
+    requests: Vec<Request>,
+    drafts: Vec<i32>,
+    target: Vec<f32>,
+    draft: Vec<f32>,
+}
+
+impl Call {
+    /// `r` trials of `pb` (drafts sampled from `qs`, one seed per trial), drawn from `g`.
+    fn new(pb: &Problem, qs: &[Vec<f64>], r: usize, g: &mut Gen) -> Call {
+        let mut c = Call {
+            requests: Vec::with_capacity(r),
+            drafts: Vec::with_capacity(r * pb.k),
+            target: Vec::with_capacity(r * (pb.k + 1) * pb.vocab),
+            draft: Vec::new(),
+        };
         for _ in 0..r {
-            requests.push(Request {
+            c.requests.push(Request {
                 num_drafts: pb.k as u32,
                 params: pb
                     .controls
@@ -144,28 +164,32 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
                 position: g.u64() % 1_000_000,
             });
             for (i, q) in qs.iter().enumerate() {
-                drafts.push(if pb.mode == Mode::OneHot {
+                c.drafts.push(if pb.mode == Mode::OneHot {
                     pb.fixed[i]
                 } else {
                     g.sample(q) as i32
                 });
                 if pb.mode != Mode::OneHot {
-                    draft.extend_from_slice(&pb.draft[i]);
+                    c.draft.extend_from_slice(&pb.draft[i]);
                 }
             }
             for row in &pb.target {
-                target.extend_from_slice(row);
+                c.target.extend_from_slice(row);
             }
         }
-        let batch = VerifyBatch {
+        c
+    }
+
+    fn batch<'a>(&'a self, pb: &Problem) -> VerifyBatch<'a> {
+        VerifyBatch {
             vocab_size: pb.vocab as u32,
-            requests: &requests,
-            draft_token_ids: &drafts,
-            target_logits: Logits::F32(&target),
+            requests: &self.requests,
+            draft_token_ids: &self.drafts,
+            target_logits: Logits::F32(&self.target),
             draft: match pb.mode {
                 Mode::OneHot => specdec::Draft::OneHot,
-                Mode::Probs => specdec::Draft::Probs(Logits::F32(&draft)),
-                Mode::Logits => specdec::Draft::Logits(Logits::F32(&draft)),
+                Mode::Probs => specdec::Draft::Probs(Logits::F32(&self.draft)),
+                Mode::Logits => specdec::Draft::Logits(Logits::F32(&self.draft)),
             },
             draft_vocab_size: pb
                 .draft
@@ -173,11 +197,27 @@ fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
                 .filter(|row| row.len() < pb.vocab)
                 .map(|row| row.len() as u32),
             synthetic_rates: None,
+        }
+    }
+}
+
+/// Runs `n` independent trials of the problem (drafts sampled from q, one seed per trial).
+fn run(v: &Verifier, pb: &Problem, n: usize, seed: u64) -> Vec<Trial> {
+    let mut g = Gen::new(seed);
+    let qs: Vec<Vec<f64>> = (0..pb.k).map(|i| pb.q(i)).collect();
+    let mut trials = Vec::with_capacity(n);
+    while trials.len() < n {
+        let per_call = if v.is_gpu() {
+            REQUESTS_PER_CALL
+        } else {
+            TWIN_REQUESTS_PER_CALL
         };
-        let out = v.verify_blocking(&batch).expect("verify");
+        let r = per_call.min(n - trials.len());
+        let call = Call::new(pb, &qs, r, &mut g);
+        let out = v.verify_blocking(&call.batch(pb)).expect("verify");
         for i in 0..r {
             trials.push(Trial {
-                drafts: drafts[i * pb.k..(i + 1) * pb.k].to_vec(),
+                drafts: call.drafts[i * pb.k..(i + 1) * pb.k].to_vec(),
                 emitted: out.emitted(i).to_vec(),
             });
         }
@@ -355,14 +395,13 @@ fn battery(
     }
 }
 
-/// Negative control 2: residual noise shared with the accept draw. The problem is built so the
-/// correlation shows: the residual max(p − q, 0) splits evenly between tokens 0 and 4, and the
-/// likely rejections happen at large u, which (shared bits) makes token 0's noise large.
-fn shared_noise_control(gpu: Option<&Verifier>, n: usize, seed: u64) {
+/// The problem of [`shared_noise_control`]: the residual max(p − q, 0) splits evenly between
+/// tokens 0 and 4.
+fn shared_noise_problem() -> Problem {
     let p = [0.3f64, 0.2, 0.15, 0.05, 0.25, 0.05];
     let q = [0.1f32, 0.25, 0.2, 0.05, 0.05, 0.35];
     let ln_p: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
-    let pb = Problem {
+    Problem {
         vocab: 6,
         k: 1,
         temperature: 1.0,
@@ -371,7 +410,14 @@ fn shared_noise_control(gpu: Option<&Verifier>, n: usize, seed: u64) {
         draft: vec![q.to_vec()],
         fixed: vec![0],
         controls: Controls::OFF,
-    };
+    }
+}
+
+/// Negative control 2: residual noise shared with the accept draw. The problem is built so the
+/// correlation shows: the residual max(p − q, 0) splits evenly between tokens 0 and 4, and the
+/// likely rejections happen at large u, which (shared bits) makes token 0's noise large.
+fn shared_noise_control(gpu: Option<&Verifier>, n: usize, seed: u64) {
+    let pb = shared_noise_problem();
     let good = check(&pb, &run(&cpu(), &pb, n, seed ^ 4));
     assert!(
         good.halves.passed(),
@@ -415,26 +461,32 @@ fn draft_logits_cpu() {
 
 #[test]
 fn one_hot_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("statistics", "one_hot_gpu") else {
+        return;
+    };
     battery(Mode::OneHot, 1.0, Controls::OFF, Some(g), N_GPU, 41);
 }
 
 #[test]
 fn draft_probs_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("statistics", "draft_probs_gpu") else {
+        return;
+    };
     battery(Mode::Probs, 1.0, Controls::OFF, Some(g), N_GPU, 51);
     shared_noise_control(Some(g), N_GPU, 52);
 }
 
 #[test]
 fn draft_logits_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("statistics", "draft_logits_gpu") else {
+        return;
+    };
     battery(Mode::Logits, 0.7, Controls::OFF, Some(g), N_GPU, 61);
 }
 
 /// A draft vocabulary smaller than the target's (V = 8, V_draft = 6): tokens 6 and 7 have q = 0,
-/// so they are only ever emitted as recovered tokens; both halves must still hold.
-fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
+/// so they are only ever emitted as recovered tokens.
+fn padded_problem(mode: Mode, seed: u64) -> Problem {
     let mut g = Gen::new(seed);
     let target: Vec<Vec<f32>> = (0..3).map(|_| g.logits(8, 1.2)).collect();
     let draft: Vec<Vec<f32>> = (0..2)
@@ -447,7 +499,7 @@ fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
             }
         })
         .collect();
-    let pb = Problem {
+    Problem {
         vocab: 8,
         k: 2,
         temperature: 1.0,
@@ -456,7 +508,12 @@ fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
         draft,
         fixed: vec![0, 0],
         controls: Controls::OFF,
-    };
+    }
+}
+
+/// On [`padded_problem`] both halves, the acceptance and the lengths must still hold.
+fn padded_vocab(gpu: Option<&Verifier>, mode: Mode, seed: u64) {
+    let pb = padded_problem(mode, seed);
     let cpu_v = cpu();
     let v = gpu.unwrap_or(&cpu_v);
     let c = check(
@@ -481,7 +538,9 @@ fn smaller_draft_vocabulary_cpu() {
 
 #[test]
 fn smaller_draft_vocabulary_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("statistics", "smaller_draft_vocabulary_gpu") else {
+        return;
+    };
     padded_vocab(Some(g), Mode::Probs, 73);
     padded_vocab(Some(g), Mode::Logits, 74);
 }
@@ -532,8 +591,186 @@ fn controls_grid_draft_logits_cpu() {
 /// slowly; the full grid runs on the twin, which the GPU matches bit for bit elsewhere).
 #[test]
 fn controls_gpu() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = thorough_gpu("statistics", "controls_gpu") else {
+        return;
+    };
     battery(Mode::OneHot, 0.3, TOP_K, Some(g), N_GPU / 2, 4001);
     battery(Mode::Probs, 1.0, TOP_P, Some(g), N_GPU / 2, 4002);
     battery(Mode::Logits, 2.0, MIN_P, Some(g), N_GPU / 2, 4003);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU == twin on the batteries' own requests: what the default tier runs on the GPU.
+// ---------------------------------------------------------------------------------------------
+
+/// Trials per setting in the GPU == twin tests: the first half exactly as `run` builds them, the
+/// second with every other request also asking for logprobs (raw ones on half of those); and
+/// settings per verify call (the GPU's cost per call is mostly fixed on a software adapter).
+const N_TWIN: usize = 1024;
+const SETTINGS_PER_CALL: usize = 2;
+
+/// Requests of a setting that may differ between the GPU and the twin, and of all settings
+/// together. SPEC §5: `exp`/`log` may differ by an ulp across GPUs, so a decision within rounding
+/// of its threshold may go the other way (none did on lavapipe). With the same seeds the two
+/// outputs are coupled, so the GPU's law is within total variation (differing requests) / n of
+/// the twin's: 1 in 1024 is far below what a χ² battery of 40,000 trials can resolve.
+const MAX_DIFFERING_PER_SETTING: usize = 1;
+const MAX_DIFFERING_IN_ALL: usize = 3;
+
+/// `N_TWIN` trials of `pb` drawn like a battery's (see `N_TWIN`).
+fn twin_call(pb: &Problem, seed: u64) -> Call {
+    let mut g = Gen::new(seed);
+    let qs: Vec<Vec<f64>> = (0..pb.k).map(|i| pb.q(i)).collect();
+    let mut call = Call::new(pb, &qs, N_TWIN / 2, &mut g);
+    let asking = Call::new(pb, &qs, N_TWIN / 2, &mut g);
+    for (i, r) in asking.requests.iter().enumerate() {
+        call.requests.push(if i % 2 == 1 {
+            Request {
+                params: r.params.with_logprobs(i % 4 == 3),
+                ..*r
+            }
+        } else {
+            *r
+        });
+    }
+    call.drafts.extend(asking.drafts);
+    call.target.extend(asking.target);
+    call.draft.extend(asking.draft);
+    call
+}
+
+impl Call {
+    /// Appends `o`'s trials (of a problem of the same shape).
+    fn append(&mut self, o: Call) {
+        self.requests.extend(o.requests);
+        self.drafts.extend(o.drafts);
+        self.target.extend(o.target);
+        self.draft.extend(o.draft);
+    }
+}
+
+/// The outputs of `call` on `v` (every trial's shape as `pb`'s).
+fn output(v: &Verifier, pb: &Problem, call: &Call) -> VerifyOutput {
+    let out = v.verify_blocking(&call.batch(pb)).expect("verify");
+    assert!(
+        out.logprobs.is_some() && out.raw_logprobs.is_some(),
+        "the second half asks for logprobs"
+    );
+    out
+}
+
+/// The problem's label in a report.
+fn label(pb: &Problem) -> String {
+    format!(
+        "{:?} T={} {:?} V={} k={}",
+        pb.mode, pb.temperature, pb.controls, pb.vocab, pb.k
+    )
+}
+
+/// Problems of one shape (vocabulary, drafts, draft kind and rows' length) share a call.
+fn same_shape(a: &Problem, b: &Problem) -> bool {
+    (a.vocab, a.k, a.mode, a.draft.first().map(Vec::len))
+        == (b.vocab, b.k, b.mode, b.draft.first().map(Vec::len))
+}
+
+/// Every battery setting of this file (draft kind × {plain, top-k, top-p, min-p} × T ∈ {0.3, 1,
+/// 2}, the smaller draft vocabulary, the shared-noise problem) on the GPU and on the twin: the
+/// same requests give the same tokens, statuses and seeds, and logprobs equal to f32 rounding.
+/// The χ² batteries then run on the twin, which is exact: GPU == twin and twin exact ⇒ GPU
+/// exact, on thousands of requests instead of minutes of GPU sampling.
+#[test]
+fn gpu_matches_the_twin_on_every_battery_setting() {
+    let Some(g) = gpu() else { return };
+    let twin = cpu();
+    let mut problems = Vec::new();
+    for (m, mode) in [Mode::OneHot, Mode::Probs, Mode::Logits]
+        .into_iter()
+        .enumerate()
+    {
+        for (i, c) in [Controls::OFF, TOP_K, TOP_P, MIN_P].into_iter().enumerate() {
+            for (j, t) in [0.3f32, 1.0, 2.0].into_iter().enumerate() {
+                let seed = 5000 + 100 * m as u64 + 10 * i as u64 + j as u64;
+                problems.push((Problem::new(mode, 2, t, c, seed), seed));
+            }
+        }
+    }
+    problems.push((padded_problem(Mode::Probs, 73), 73));
+    problems.push((padded_problem(Mode::Logits, 74), 74));
+    problems.push((shared_noise_problem(), 52));
+    // Problems of one shape, SETTINGS_PER_CALL at a time, in one call.
+    let mut calls: Vec<(Call, Vec<&Problem>)> = Vec::new();
+    for (pb, seed) in &problems {
+        let call = twin_call(pb, seed ^ 7);
+        match calls.last_mut() {
+            Some((c, pbs)) if pbs.len() < SETTINGS_PER_CALL && same_shape(pbs[0], pb) => {
+                c.append(call);
+                pbs.push(pb);
+            }
+            _ => calls.push((call, vec![pb])),
+        }
+    }
+    let (mut total, mut worst, mut report) = (0, 0, Vec::new());
+    for (call, pbs) in &calls {
+        let differ = twin_differences(&output(g, pbs[0], call), &output(&twin, pbs[0], call));
+        let mut per = vec![0usize; pbs.len()];
+        for (r, what) in differ {
+            per[r / N_TWIN] += 1;
+            report.push(format!(
+                "{} request {}: {what}",
+                label(pbs[r / N_TWIN]),
+                r % N_TWIN
+            ));
+        }
+        total += per.iter().sum::<usize>();
+        worst = worst.max(per.into_iter().max().unwrap_or(0));
+    }
+    println!(
+        "{} vs the twin: {} settings × {N_TWIN} battery requests, {total} requests differ",
+        g.describe(),
+        problems.len()
+    );
+    for line in &report {
+        println!("  {line}");
+    }
+    assert!(
+        total <= MAX_DIFFERING_IN_ALL && worst <= MAX_DIFFERING_PER_SETTING,
+        "the GPU differs from the twin:\n{}",
+        report.join("\n")
+    );
+}
+
+/// The comparison has teeth, and the negative controls' samplers agree too: a GPU verifier with
+/// an injected fault equals the twin with the same fault on every draft kind, and differs from
+/// the correct twin on many requests.
+#[test]
+fn gpu_matches_the_twin_under_each_fault_and_the_comparison_catches_a_fault() {
+    let Some(g) = gpu() else { return };
+    let twin = cpu();
+    for fault in [Fault::RejectAllFromTarget, Fault::SharedNoise] {
+        let bad_gpu = with_fault(Some(g), fault).unwrap();
+        let bad_twin = with_fault(None, fault).unwrap();
+        for (m, mode) in [Mode::OneHot, Mode::Probs, Mode::Logits]
+            .into_iter()
+            .enumerate()
+        {
+            // No controls: every row keeps several tokens, so the residual noise matters.
+            let pb = Problem::new(mode, 2, 1.0, Controls::OFF, 6100 + m as u64);
+            let call = twin_call(&pb, 6200 + m as u64);
+            let bad = output(&bad_gpu, &pb, &call);
+            let same = twin_differences(&bad, &output(&bad_twin, &pb, &call));
+            assert!(
+                same.len() <= MAX_DIFFERING_PER_SETTING,
+                "{fault:?} {mode:?}: {same:?}"
+            );
+            let caught = twin_differences(&bad, &output(&twin, &pb, &call)).len();
+            println!(
+                "{fault:?} {mode:?}: the faulty GPU differs from the correct twin on {caught} of \
+                 {N_TWIN} requests"
+            );
+            assert!(
+                caught * 20 >= N_TWIN,
+                "{fault:?} {mode:?}: the comparison must catch the fault ({caught} of {N_TWIN})"
+            );
+        }
+    }
 }

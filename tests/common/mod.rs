@@ -3,7 +3,10 @@
 #![allow(dead_code)]
 
 use rand_pcg::rand_core::{Rng, SeedableRng};
-use specdec::{Draft, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch};
+use specdec::{
+    Draft, Logits, Request, SamplingParams, Verifier, VerifierOptions, VerifyBatch, VerifyOutput,
+};
+use std::io::Write as _;
 use std::sync::OnceLock;
 
 /// The GPU verifier shared by a test binary. No adapter is a test failure, unless
@@ -35,6 +38,63 @@ pub fn gpu() -> Option<&'static Verifier> {
         }
     })
     .as_ref()
+}
+
+/// The GPU for a thorough statistical tier: the χ² batteries on the GPU itself, which take
+/// minutes on a software adapter. They run with `SPECDEC_THOROUGH=1`; without it the tier is
+/// skipped, saying so and how to run it, and `None` is returned. The default tier proves the GPU
+/// equal to the CPU twin on the batteries' own requests (see [`twin_differences`]) while the
+/// batteries run on the twin: GPU == twin and twin exact imply GPU exact.
+pub fn thorough_gpu(test_binary: &str, test: &str) -> Option<&'static Verifier> {
+    if std::env::var("SPECDEC_THOROUGH").as_deref() != Ok("1") {
+        // Written to the process's stderr handle, not with eprintln!: the test harness captures
+        // the print macros of passing tests, and a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED thorough GPU tier {test_binary}::{test} (χ² on the GPU; the GPU == twin tests \
+             stand in for it); run it with SPECDEC_THOROUGH=1 cargo test --release --test \
+             {test_binary} -- {test}"
+        );
+        return None;
+    }
+    gpu()
+}
+
+/// Compares a GPU output with the twin's on the same batch, request by request: emitted tokens,
+/// status and seed exactly; logprobs (when asked) to f32 rounding of `exp`/`log`. Returns the
+/// requests that differ, each with what differed, for the caller to bound and print.
+pub fn twin_differences(gpu: &VerifyOutput, twin: &VerifyOutput) -> Vec<(usize, String)> {
+    assert_eq!(
+        gpu.num_emitted.len(),
+        twin.num_emitted.len(),
+        "request count"
+    );
+    let close = |a: Option<&[f32]>, b: Option<&[f32]>| match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    x.is_nan() && y.is_nan() || (x - y).abs() <= 1e-5 * (1.0 + x.abs())
+                })
+        }
+        _ => false,
+    };
+    let mut out = Vec::new();
+    for r in 0..twin.num_emitted.len() {
+        if gpu.emitted(r) != twin.emitted(r) {
+            out.push((
+                r,
+                format!("tokens {:?} vs twin {:?}", gpu.emitted(r), twin.emitted(r)),
+            ));
+        } else if gpu.status[r] != twin.status[r] || gpu.seeds[r] != twin.seeds[r] {
+            out.push((r, "status or seed differ".to_string()));
+        } else if !close(gpu.emitted_logprobs(r), twin.emitted_logprobs(r))
+            || !close(gpu.emitted_raw_logprobs(r), twin.emitted_raw_logprobs(r))
+        {
+            out.push((r, "logprobs differ beyond f32 rounding".to_string()));
+        }
+    }
+    out
 }
 
 /// A GPU verifier on a device requested with exactly `limits` (not the adapter's maxima).
@@ -120,6 +180,25 @@ pub struct Owned {
 }
 
 impl Owned {
+    /// Appends `o`'s requests (same vocabulary and draft kind) after this batch's: the GPU's cost
+    /// per call is mostly fixed on a software adapter, so the twin tests send few large calls.
+    pub fn append(&mut self, o: &Owned) {
+        assert_eq!(
+            (self.vocab, self.draft_kind, self.draft_vocab),
+            (o.vocab, o.draft_kind, o.draft_vocab),
+            "appended batches share their shape"
+        );
+        self.requests.extend(&o.requests);
+        self.drafts.extend(&o.drafts);
+        self.target.extend(&o.target);
+        self.draft.extend(&o.draft);
+        match (&mut self.rates, &o.rates) {
+            (Some(a), Some(b)) => a.extend(b),
+            (None, None) => {}
+            _ => panic!("appended batches both have synthetic rates or neither"),
+        }
+    }
+
     pub fn batch(&self) -> VerifyBatch<'_> {
         VerifyBatch {
             vocab_size: self.vocab,
