@@ -1,4 +1,4 @@
-//! The verify-step benchmark (issue 5): one command, one self-contained binary. The same code
+//! The verify-step benchmark: one command, one self-contained binary. The same code
 //! runs as `specdec bench`.
 //!
 //! ```text

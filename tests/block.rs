@@ -1,4 +1,4 @@
-//! Block verification (issue 3, SPEC §3 rule 5): exactness per position — every position's
+//! Block verification (SPEC §3 rule 5): exactness per position — every position's
 //! token, completed with fresh target draws where the step stopped, follows p_i, and pairs of
 //! positions follow p_i × p_j — on both backends, beside the standard rule on the same inputs;
 //! the mean accepted length of both against its exact value (with one-hot drafts both rules
@@ -691,7 +691,7 @@ fn block_matches_the_twin_on_every_grid_setting() {
         g.describe()
     );
     assert!(
-        worst <= 1 && total <= 3,
+        worst <= common::twin_slack(g).0 && total <= common::twin_slack(g).1,
         "the GPU differs from the twin:\n{}",
         report.join("\n")
     );

@@ -1,4 +1,4 @@
-//! Top-k, top-p and min-p (issue 3): the cut-off of every row against the sort-based reference
+//! Top-k, top-p and min-p: the cut-off of every row against the sort-based reference
 //! (`common::kept_reference`) on random rows with and without ties, at vocabulary sizes that
 //! straddle the chunk (4095, 4096, 4097) and at 262,144, on the CPU twin and on the GPU; the tie
 //! rule on explicit rows; cut tokens never emitted; greedy unaffected; bad values refused.

@@ -1,4 +1,4 @@
-//! f16 and bf16 logits (issue 3): the exact widening on the host, and the same tokens as the f32
+//! f16 and bf16 logits: the exact widening on the host, and the same tokens as the f32
 //! copy of the same values on both backends — target and draft independently, host slices and
 //! GPU buffers at odd element offsets, with and without top-k / top-p / min-p.
 
@@ -73,7 +73,7 @@ fn f16_truncated(x: f32) -> u16 {
 }
 
 fn logits(dtype: Dtype, bits: &[u16], wide: &[f32]) -> Logits<'static> {
-    // The tests keep their vectors alive for the whole call; leaking them keeps this helper small.
+    // The tests keep their vectors alive for the whole call; leaking them keeps this function small.
     match dtype {
         Dtype::F32 => Logits::F32(Box::leak(wide.to_vec().into_boxed_slice())),
         Dtype::F16 => Logits::F16(Box::leak(bits.to_vec().into_boxed_slice())),

@@ -1,4 +1,4 @@
-//! The bad-input catalogue (issue 6): every case is a typed error whose message says what is
+//! The bad-input catalogue: every case is a typed error whose message says what is
 //! wrong, found on the host before anything is dispatched, on both backends, with no panic.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Logprobs of the emitted tokens (issue 3): under the processed distribution (temperature,
+//! Logprobs of the emitted tokens: under the processed distribution (temperature,
 //! top-k / top-p / min-p; 0 for greedy) and under the raw logits, against an f64 reference on
 //! both backends; NaN where nothing was asked or nothing emitted; absent when no request asks.
 

@@ -1,4 +1,4 @@
-//! Reliability (issue 6): adversarial numbers, a time-boxed fuzzer over the host API, device loss,
+//! Reliability: adversarial numbers, a time-boxed fuzzer over the host API, device loss,
 //! timeouts, 10,000 calls without memory growth, and use from several threads.
 
 mod common;

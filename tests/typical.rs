@@ -1,4 +1,4 @@
-//! Typical acceptance (issue 3; Medusa; lossy and opt-in): accept iff
+//! Typical acceptance (Medusa; lossy and opt-in): accept iff
 //! p(d) > min(ε, δ·exp(−H(p))), argmax at the first rejection — against an f64 reference on
 //! random rows (entropy included, with top-k / min-p on some requests) on both backends, and on
 //! explicit rows.

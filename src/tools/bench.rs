@@ -1,4 +1,4 @@
-//! The benchmark of the verify step (issue 5), shared by `benches/verify.rs` and the `specdec
+//! The benchmark of the verify step, shared by `benches/verify.rs` and the `specdec
 //! bench` command: one code path. For each grid point it first checks the GPU result against the
 //! CPU twin on that input, then times the GPU work with timestamp queries (median of `reps` after
 //! warm-up) and whole calls (metadata upload, encode, submit, readback), and compares with the
@@ -98,7 +98,7 @@ pub struct BenchConfig {
 }
 
 impl BenchConfig {
-    /// The full grid of issue 5 (the anchors' grid).
+    /// The full grid (the vLLM anchors' grid).
     pub fn full() -> Self {
         BenchConfig {
             batches: vec![1, 8, 32, 128],

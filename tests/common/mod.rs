@@ -1,4 +1,4 @@
-//! Shared helpers of the integration tests: the GPU verifier (never skipped silently), seeded
+//! Shared pieces of the integration tests: the GPU verifier (never skipped silently), seeded
 //! input generators, and an owned batch type.
 #![allow(dead_code)]
 
@@ -442,4 +442,18 @@ pub fn processed(row: &[f32], t: f64, c: Controls) -> Vec<f64> {
         .map(|(&x, &k)| if k { x } else { f32::NEG_INFINITY })
         .collect();
     softmax(&masked, t)
+}
+
+/// Requests of one setting, and of all settings of a test, that may differ between `gpu` and the
+/// CPU twin in the GPU == twin tests. On Mesa's llvmpipe, the adapter CI runs, the twin is
+/// measured bit-exact, so nothing may differ there. Elsewhere SPEC §5 lets `exp`/`log` differ by
+/// an ulp, so a decision within rounding of its threshold may go the other way: with the same
+/// seeds the two outputs are coupled, and 1 differing request in 1,024 bounds the total variation
+/// between the GPU's law and the twin's far below what a χ² battery resolves.
+pub fn twin_slack(gpu: &Verifier) -> (usize, usize) {
+    if gpu.describe().contains("llvmpipe") {
+        (0, 0)
+    } else {
+        (1, 3)
+    }
 }
