@@ -1,0 +1,75 @@
+//! The forward pass of [`crate::models`]' llama and qwen2 models on the GPU through wgpu, so
+//! the target's logits never leave the GPU on their way to the verifier.
+//!
+//! - [`GpuModel`]: the weights, re-quantized to Q8_0 and uploaded once to the caller's device,
+//!   and the kernels' pipelines; shared by `Arc`.
+//! - [`GpuSequence`]: one sequence's KV cache and activations. [`GpuSequence::record`] appends
+//!   tokens in the caller's command encoder and leaves the logits of every appended position in
+//!   a GPU buffer ([`GpuLogits`], readable by the verifier as [`crate::GpuRows`]);
+//!   [`GpuSequence::truncate`] rolls back after a rejection.
+//!
+//! Kernels (`shaders/model_<kernel>.wgsl`, labels `specdec.model_<kernel>`): embed, rmsnorm,
+//! matmul_q8 (weight-stationary for up to [`MAX_ROWS`] rows, optional fused bias or residual
+//! add), rope, attention, swiglu. Every reduction has an order fixed by the model's shapes and
+//! the position alone, so a position's logits are the same bits whether it is scored alone or
+//! with up to 15 others, and speculative greedy decoding equals plain greedy decoding bit for
+//! bit. The mirror of the CPU forward (`crate::models::Model`) is close, not exact: the CPU
+//! rounds activations to 8 bits inside its quantized matmuls and keeps the file's own formats,
+//! this path keeps f32 activations over Q8_0 weights (tests/gpu_forward.rs measures the gap).
+
+mod kernels;
+mod sequence;
+mod weights;
+
+pub use kernels::{ModelKernel, MODEL_COMMON};
+pub use sequence::{GpuLogits, GpuSequence, MAX_ROWS};
+pub use weights::{GpuModel, GpuModelOptions, Q8Matrix, Q8_BLOCK};
+
+pub(crate) use kernels::Pipelines;
+
+use super::ModelError;
+
+/// What can go wrong on the GPU forward path.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum GpuModelError {
+    /// Reading the model or a bad input (the same checks as the CPU forward).
+    Model(ModelError),
+    /// A wgpu object creation, recording or readback failed (validation, out of memory).
+    Gpu(crate::Error),
+    /// The model or the request does not fit what the kernels or the device support; the
+    /// message says what to change.
+    Invalid(String),
+}
+
+impl std::fmt::Display for GpuModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuModelError::Model(e) => write!(f, "{e}"),
+            GpuModelError::Gpu(e) => write!(f, "GPU forward: {e}"),
+            GpuModelError::Invalid(m) => write!(f, "GPU forward: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for GpuModelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            GpuModelError::Model(e) => Some(e),
+            GpuModelError::Gpu(e) => Some(e),
+            GpuModelError::Invalid(_) => None,
+        }
+    }
+}
+
+impl From<ModelError> for GpuModelError {
+    fn from(e: ModelError) -> Self {
+        GpuModelError::Model(e)
+    }
+}
+
+impl From<crate::Error> for GpuModelError {
+    fn from(e: crate::Error) -> Self {
+        GpuModelError::Gpu(e)
+    }
+}
