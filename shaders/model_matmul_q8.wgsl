@@ -6,11 +6,12 @@
 //   qs:     u32[rows · K / 4]   4 int8 per word, little end first
 //   scales: f32[rows · K / 32]  one per block of 32 consecutive elements of a row
 //
-// Workgroup: 4 output rows × 32 lanes. Lane l of row n handles the blocks b ≡ l mod 32 in
-// increasing b: a block's sum is Σ_{j<8} dot(q_j, x_j) in increasing j, times the block's scale,
-// added to the lane's accumulator; then a fixed tree over the 32 lanes. The order depends on K
-// alone, never on M or on the part, so a row's output is the same bits whether it is computed
-// alone or with 15 others (speculative greedy == plain greedy).
+// Workgroup: ROWS_PER_WG output rows × LANES lanes (override constants, set per device). Lane l
+// of row n handles the blocks b ≡ l mod LANES in increasing b: a block's sum is
+// Σ_{j<8} dot(q_j, x_j) in increasing j, times the block's scale, added to the lane's
+// accumulator; after one barrier, lane 0 adds the LANES partial sums in lane order. The order
+// depends on K and LANES alone, never on M or on the part, so a row's output is the same bits
+// whether it is computed alone or with 15 others (speculative greedy == plain greedy).
 //
 // Specialisations (override constants, one pipeline each): HAS_BIAS adds bias[row_base + n]
 // after the sum (Qwen2's q/k/v); RESIDUAL adds the sum to what Y holds (the residual stream).
@@ -19,17 +20,19 @@
 override HAS_BIAS: bool = false;
 override RESIDUAL: bool = false;
 
-const LANES: u32 = 32u;
-const ROWS_PER_WG: u32 = 4u;
+// Lanes per output row and output rows per workgroup; LANES · ROWS_PER_WG = WG ≤ 256.
+override LANES: u32 = 32u;
+override ROWS_PER_WG: u32 = 8u;
+override WG: u32 = 256u;
 const MAX_M: u32 = 16u;
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> qs: array<u32>;
+@group(0) @binding(2) var<storage, read> qs: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-var<workgroup> partial: array<f32, 2048>; // ROWS_PER_WG · LANES · MAX_M
+var<workgroup> partial: array<f32, 4096>; // WG · MAX_M
 
 // The 4 int8 of a word, little end first, as f32.
 fn unpack(w: u32) -> vec4<f32> {
@@ -41,7 +44,7 @@ fn unpack(w: u32) -> vec4<f32> {
     );
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) li: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -56,15 +59,18 @@ fn main(
     var acc: array<f32, MAX_M>;
     if (n < P.out_rows) {
         for (var b = lane; b < blocks; b += LANES) {
-            let w = (n * k + b * 32u) / 4u;
-            let q0 = unpack(qs[w]);
-            let q1 = unpack(qs[w + 1u]);
-            let q2 = unpack(qs[w + 2u]);
-            let q3 = unpack(qs[w + 3u]);
-            let q4 = unpack(qs[w + 4u]);
-            let q5 = unpack(qs[w + 5u]);
-            let q6 = unpack(qs[w + 6u]);
-            let q7 = unpack(qs[w + 7u]);
+            // A block is 32 bytes, two aligned vec4<u32>.
+            let w = (n * k + b * 32u) / 16u;
+            let lo = qs[w];
+            let hi = qs[w + 1u];
+            let q0 = unpack(lo.x);
+            let q1 = unpack(lo.y);
+            let q2 = unpack(lo.z);
+            let q3 = unpack(lo.w);
+            let q4 = unpack(hi.x);
+            let q5 = unpack(hi.y);
+            let q6 = unpack(hi.z);
+            let q7 = unpack(hi.w);
             let d = scales[n * blocks + b];
             for (var m = 0u; m < rows; m++) {
                 let xb = (P.in_offset + m * k + b * 32u) / 4u;
@@ -85,18 +91,12 @@ fn main(
         partial[mine + m] = acc[m];
     }
     workgroupBarrier();
-    for (var half = LANES / 2u; half > 0u; half /= 2u) {
-        if (lane < half) {
-            let other = (r * LANES + lane + half) * MAX_M;
-            for (var m = 0u; m < rows; m++) {
-                partial[mine + m] = partial[mine + m] + partial[other + m];
-            }
-        }
-        workgroupBarrier();
-    }
     if (lane == 0u && n < P.out_rows) {
         for (var m = 0u; m < rows; m++) {
             var v = partial[mine + m];
+            for (var l = 1u; l < LANES; l++) {
+                v = v + partial[mine + l * MAX_M + m];
+            }
             if (HAS_BIAS) {
                 v = v + bias[P.row_base + n];
             }

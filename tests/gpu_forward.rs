@@ -240,6 +240,7 @@ fn a_split_head_gives_the_same_logits() {
     let cap = (c.vocab_size * c.hidden / 3) as u64;
     let split = gpu_model_with(&GpuModelOptions {
         max_binding_bytes: Some(cap),
+        ..GpuModelOptions::default()
     })
     .unwrap();
     assert!(split.head_parts() >= 3, "{} parts", split.head_parts());

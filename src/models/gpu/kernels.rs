@@ -140,12 +140,31 @@ impl Pipe {
         }
     }
 
-    fn constants(self) -> &'static [(&'static str, f64)] {
+    fn constants(self, lanes: u32) -> Vec<(&'static str, f64)> {
+        let shape = [
+            ("LANES", f64::from(lanes)),
+            ("ROWS_PER_WG", f64::from(MATMUL_WG / lanes)),
+            ("WG", f64::from(MATMUL_WG)),
+        ];
         match self {
-            Pipe::MatmulBias => &[("HAS_BIAS", 1.0)],
-            Pipe::MatmulResidual => &[("RESIDUAL", 1.0)],
-            _ => &[],
+            Pipe::Matmul => shape.to_vec(),
+            Pipe::MatmulBias => [&shape[..], &[("HAS_BIAS", 1.0)]].concat(),
+            Pipe::MatmulResidual => [&shape[..], &[("RESIDUAL", 1.0)]].concat(),
+            _ => Vec::new(),
         }
+    }
+}
+
+/// Invocations of a matmul workgroup: `LANES` lanes × `256 / LANES` output rows.
+pub(crate) const MATMUL_WG: u32 = 256;
+
+/// The lanes per output row the matmul uses when the options name none: 32 on GPUs (a warp's
+/// coalesced read of 32 consecutive blocks), 4 on CPU adapters such as lavapipe, where every
+/// idle lane and every extra workgroup costs (a K of 576 has only 18 blocks per row).
+pub(crate) fn default_lanes(device: &wgpu::Device) -> u32 {
+    match device.adapter_info().device_type {
+        wgpu::DeviceType::Cpu => 4,
+        _ => 32,
     }
 }
 
@@ -155,11 +174,14 @@ impl Pipe {
 pub(crate) struct Pipelines {
     layouts: Vec<(ModelKernel, wgpu::BindGroupLayout)>,
     pipelines: Vec<(Pipe, wgpu::ComputePipeline)>,
+    /// Lanes per output row of the matmul (a power of two, 1 to 32).
+    pub lanes: u32,
 }
 
 impl Pipelines {
-    /// Compiles every kernel; call inside an error scope.
-    pub(crate) fn new(device: &wgpu::Device) -> Pipelines {
+    /// Compiles every kernel, the matmul with `lanes` lanes per output row; call inside an error
+    /// scope.
+    pub(crate) fn new(device: &wgpu::Device, lanes: u32) -> Pipelines {
         let mut layouts = Vec::new();
         let mut modules = Vec::new();
         for kernel in ModelKernel::ALL {
@@ -197,20 +219,25 @@ impl Pipelines {
                 bind_group_layouts: &[Some(layout)],
                 immediate_size: 0,
             });
+            let constants = pipe.constants(lanes);
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: Some(&pl),
                 module,
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: pipe.constants(),
+                    constants: &constants,
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
             });
             pipelines.push((pipe, pipeline));
         }
-        Pipelines { layouts, pipelines }
+        Pipelines {
+            layouts,
+            pipelines,
+            lanes,
+        }
     }
 
     pub(crate) fn layout(&self, kernel: ModelKernel) -> &wgpu::BindGroupLayout {
@@ -220,6 +247,11 @@ impl Pipelines {
             .find(|(k, _)| *k == kernel)
             .expect("every kernel has a layout")
             .1
+    }
+
+    /// Output rows per matmul workgroup.
+    pub(crate) fn matmul_rows_per_wg(&self) -> usize {
+        (MATMUL_WG / self.lanes) as usize
     }
 
     pub(crate) fn pipeline(&self, pipe: Pipe) -> &wgpu::ComputePipeline {

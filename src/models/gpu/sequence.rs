@@ -17,8 +17,6 @@ use crate::GpuRows;
 /// bits per row (every kernel's reduction order is independent of the row count).
 pub const MAX_ROWS: usize = 16;
 
-/// Workgroups of the matmul per dispatch unit: 4 output rows each.
-const MATMUL_ROWS_PER_WG: usize = 4;
 /// Invocations of the elementwise kernels' workgroups.
 const WG: usize = 64;
 /// First KV capacity (positions); it doubles as needed up to the context length.
@@ -463,6 +461,7 @@ impl GpuSequence {
         let m = &*self.model;
         let c = &m.config;
         let max_dim = m.device.limits().max_compute_workgroups_per_dimension;
+        let per_wg = m.pipelines.matmul_rows_per_wg();
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut slots = Slots::default();
         let mut out = Vec::new();
@@ -522,7 +521,7 @@ impl GpuSequence {
                         out_stride: out_stride as u32,
                         ..base
                     };
-                    let grid = grid_2d(part.rows.div_ceil(MATMUL_ROWS_PER_WG), max_dim);
+                    let grid = grid_2d(part.rows.div_ceil(per_wg), max_dim);
                     push(pipe, Group::Mat(l, which, i), p, grid);
                 }
             };
@@ -604,7 +603,7 @@ impl GpuSequence {
                         out_stride: c.vocab_size as u32,
                         ..base
                     };
-                    let grid = grid_2d(part.rows.div_ceil(MATMUL_ROWS_PER_WG), max_dim);
+                    let grid = grid_2d(part.rows.div_ceil(per_wg), max_dim);
                     push(Pipe::Matmul, Group::Head(i), p, grid);
                 }
             }

@@ -160,6 +160,10 @@ pub struct GpuModelOptions {
     /// `max_storage_buffer_binding_size` (None = the device's). Smaller caps split matrices into
     /// more parts; the logits do not change. For tests of the splitting.
     pub max_binding_bytes: Option<u64>,
+    /// Lanes that share one output row of the matmul (a power of two, 1 to 32; None: 32 on a
+    /// GPU, 4 on a CPU adapter). Tuning only, but it sets the summation order, so logits move
+    /// in their last bits when it changes; rows scored together still equal rows scored alone.
+    pub matmul_lanes: Option<u32>,
 }
 
 /// The host-side tensors of a model, before upload.
@@ -346,6 +350,14 @@ impl GpuModel {
         options: &GpuModelOptions,
     ) -> Result<GpuModel, GpuModelError> {
         check_config(config)?;
+        let lanes = options
+            .matmul_lanes
+            .unwrap_or_else(|| super::kernels::default_lanes(device));
+        if !lanes.is_power_of_two() || lanes > 32 {
+            return Err(GpuModelError::Invalid(format!(
+                "matmul_lanes {lanes}: use a power of two from 1 to 32"
+            )));
+        }
         let limits = device.limits();
         let max_binding = limits
             .max_storage_buffer_binding_size
@@ -398,7 +410,7 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(device),
+                pipelines: Pipelines::new(device, lanes),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
