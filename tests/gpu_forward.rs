@@ -299,3 +299,109 @@ fn greedy_continuation_matches_the_cpu_path() {
         );
     }
 }
+
+/// Speculative greedy decoding entirely on the GPU: a layer-skip draft (the first `layers` blocks)
+/// proposes `K` tokens, the target scores them and the bonus position in one `record`, and the
+/// verifier reads those logits rows in the same command encoder. The text must equal plain
+/// greedy decoding with the target, token for token: every row is the same bits as a one-row
+/// call, so the verifier's argmax sees exactly what plain decoding sees.
+/// Returns the number of rounds and of accepted drafts.
+fn speculative_against_plain(model: Arc<GpuModel>, layers: usize) -> (usize, usize) {
+    const K: usize = 3;
+    const STEPS: usize = 12;
+    let verifier = common::gpu().expect("gpu_model() found one");
+    let (device, queue) = device().expect("idem");
+    let vocab = model.config().vocab_size;
+
+    let mut plain = GpuSequence::new(model.clone()).unwrap();
+    let logits = plain.forward_blocking(PROMPT).unwrap();
+    let mut plain_text = vec![argmax(&logits[(PROMPT.len() - 1) * vocab..])];
+    while plain_text.len() < STEPS {
+        let row = plain
+            .forward_blocking(&plain_text[plain_text.len() - 1..])
+            .unwrap();
+        plain_text.push(argmax(&row));
+    }
+
+    let mut target = GpuSequence::new(model.clone()).unwrap();
+    let mut draft = GpuSequence::with_layers(model, layers).unwrap();
+    let logits = target.forward_blocking(PROMPT).unwrap();
+    // Every token of the text; the last one is not yet in the target's cache.
+    let mut text: Vec<u32> = PROMPT.to_vec();
+    text.push(argmax(&logits[(PROMPT.len() - 1) * vocab..]));
+    let (mut rounds, mut accepted_total) = (0, 0);
+    while text.len() - PROMPT.len() < STEPS {
+        // The draft feeds what it has not seen, then proposes K tokens greedily.
+        let mut proposal = Vec::with_capacity(K);
+        let row = draft.forward_blocking(&text[draft.len()..]).unwrap();
+        proposal.push(argmax(&row[row.len() - vocab..]));
+        while proposal.len() < K {
+            let row = draft
+                .forward_blocking(&proposal[proposal.len() - 1..])
+                .unwrap();
+            proposal.push(argmax(&row));
+        }
+        let base = target.len();
+        let fed: Vec<u32> = std::iter::once(*text.last().unwrap())
+            .chain(proposal.iter().copied())
+            .collect();
+        let drafts: Vec<i32> = proposal.iter().map(|&t| t as i32).collect();
+        let requests = [specdec::Request {
+            num_drafts: K as u32,
+            params: specdec::SamplingParams::greedy(),
+            position: base as u64 + 1,
+        }];
+        let mut encoder = device.create_command_encoder(&Default::default());
+        let rows = target.record(&mut encoder, &fed, fed.len()).unwrap();
+        assert_eq!((rows.rows, rows.vocab), (K + 1, vocab));
+        let pending = verifier
+            .record(
+                &mut encoder,
+                &specdec::GpuVerifyBatch {
+                    vocab_size: vocab as u32,
+                    requests: &requests,
+                    draft_token_ids: &drafts,
+                    target_logits: rows.gpu_rows(),
+                    draft: specdec::Draft::OneHot,
+                    draft_vocab_size: None,
+                    synthetic_rates: None,
+                },
+            )
+            .unwrap();
+        queue.submit([encoder.finish()]);
+        let out = verifier.read_blocking(pending).unwrap();
+        let accepted = out.accepted(0);
+        text.extend(out.emitted(0).iter().map(|&t| t as u32));
+        // Keep `last` and the accepted drafts in both caches.
+        target.truncate(base + 1 + accepted).unwrap();
+        draft
+            .truncate(draft.len().min(base + 1 + accepted))
+            .unwrap();
+        rounds += 1;
+        accepted_total += accepted;
+    }
+    let spec_text = &text[PROMPT.len()..PROMPT.len() + STEPS];
+    eprintln!(
+        "speculative greedy on the GPU, draft of {layers} layers: {rounds} rounds for {STEPS} \
+         tokens, {accepted_total} drafts accepted of {}",
+        rounds * K
+    );
+    assert_eq!(spec_text, &plain_text[..], "speculative != plain greedy");
+    (rounds, accepted_total)
+}
+
+#[test]
+fn speculative_greedy_on_the_gpu_equals_plain_greedy() {
+    let Some(model) = gpu_model() else { return };
+    let layers = model.config().layers;
+    // The whole model as its own draft: its one-row logits are the same bits as the target's
+    // rows, so every draft is accepted (4 tokens a round).
+    let (rounds, accepted) = speculative_against_plain(model.clone(), layers);
+    assert_eq!(
+        accepted,
+        3 * rounds,
+        "a draft identical to the target was rejected"
+    );
+    // A third of the layers: mostly rejected drafts, the same text.
+    speculative_against_plain(model, layers / 3);
+}
