@@ -358,7 +358,9 @@ fn forward_last_returns_the_tail_rows() {
 #[test]
 fn speculative_greedy_with_layer_skip_draft_equals_plain_greedy() {
     use specdec::models::GreedyDraft;
-    use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
+    use specdec::speculative::{
+        DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder,
+    };
     use specdec::{SamplingParams, Verifier, VerifierOptions};
 
     let w = weights();

@@ -8,7 +8,6 @@ mod common;
 mod speculative_mock;
 
 use common::*;
-use speculative_mock::*;
 use specdec::speculative::{
     BatchExpansion, DecodeFault, DecoderConfig, DraftModelProposer, GenRequest, Generation,
     Metrics, NgramProposer, NoProposer, Proposer, RowKind, Sequences, SpecDecoder, StopReason,
@@ -16,6 +15,7 @@ use specdec::speculative::{
 };
 use specdec::tools::stats::chi_square_gof;
 use specdec::{SamplingParams, Verifier};
+use speculative_mock::*;
 
 const V: usize = 48;
 const EOS: u32 = 3;

@@ -6,13 +6,13 @@ mod common;
 mod speculative_mock;
 
 use common::*;
-use speculative_mock::*;
 use specdec::speculative::{
     gather_rows_cpu, proposal_cap, BatchExpansion, DraftModelProposer, ExpansionLayout, GatherRows,
     Metrics, NgramProposer, Proposals, Proposer, RowKind, ScoreInput, SeqView, Sequences,
     SpecError, TargetModel,
 };
 use specdec::{GpuRows, SamplingParams};
+use speculative_mock::*;
 
 fn view(tokens: &[u32], max_len: usize) -> SeqView<'_> {
     SeqView {

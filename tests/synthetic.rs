@@ -5,8 +5,8 @@
 
 mod common;
 use common::*;
-use specdec::tools::stats::binomial_z;
 use specdec::synthetic::{conditional_for_mean_length, conditional_from_unconditional};
+use specdec::tools::stats::binomial_z;
 use specdec::{Rule, Verifier, VerifyOutput};
 
 /// Runs `n` synthetic requests with `k` drafts and `rates` (conditional, one per position).

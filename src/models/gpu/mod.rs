@@ -17,10 +17,12 @@
 //! rounds activations to 8 bits inside its quantized matmuls and keeps the file's own formats,
 //! this path keeps f32 activations over Q8_0 weights (tests/gpu_forward.rs measures the gap).
 
+mod decode;
 mod kernels;
 mod sequence;
 mod weights;
 
+pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer};
 pub use kernels::{ModelKernel, MODEL_COMMON};
 pub use sequence::{GpuLogits, GpuSequence, MAX_ROWS};
 pub use weights::{GpuModel, GpuModelOptions, Q8Matrix, Q8_BLOCK};
