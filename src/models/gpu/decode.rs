@@ -218,6 +218,11 @@ impl<'v> GpuDecoder<'v> {
         for chunk in head.chunks(super::MAX_ROWS) {
             self.forward_only(chunk)?;
         }
+        // Wait for the prompt here, so that the first step's time is the step's alone.
+        let device = self.target.model().device();
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuModelError::Invalid(format!("waiting for the prompt: {e}")))?;
         Ok(())
     }
 }
