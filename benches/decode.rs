@@ -453,6 +453,14 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         step_time += s.step_time;
     }
     let step_time = step_time / a.rounds as u32;
+    let m = spec.metrics();
+    let per_position: Vec<String> = (0..a.k)
+        .map(|i| m.acceptance_rate(i).map_or("-".into(), |r| format!("{r:.3}")))
+        .collect();
+    eprintln!(
+        "acceptance per position (last round; steps accepting more than i drafts): {}",
+        per_position.join(",")
+    );
     let (verify, how) = verify_time(&verifier, vocab, a.k, params, rates.as_deref())?;
     let row = Row {
         model: a.target.clone(),

@@ -374,6 +374,10 @@ impl<'v> GpuDecoder<'v> {
         }
         let mut draft_params = *params;
         draft_params.seed = params.seed.map(draft_seed);
+        // The draft samples its own token; a synthetic target rule has no meaning there.
+        if draft_params.rule == crate::Rule::Synthetic {
+            draft_params.rule = crate::Rule::Exact;
+        }
         let len = seq.tokens.len();
         let mut drafts = Vec::with_capacity(cap);
         for i in 0..cap {
