@@ -455,7 +455,10 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let step_time = step_time / a.rounds as u32;
     let m = spec.metrics();
     let per_position: Vec<String> = (0..a.k)
-        .map(|i| m.acceptance_rate(i).map_or("-".into(), |r| format!("{r:.3}")))
+        .map(|i| {
+            m.acceptance_rate(i)
+                .map_or("-".into(), |r| format!("{r:.3}"))
+        })
         .collect();
     eprintln!(
         "acceptance per position (last round; steps accepting more than i drafts): {}",
