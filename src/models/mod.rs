@@ -43,8 +43,8 @@ use std::path::PathBuf;
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
-    GpuLogits, GpuModel, GpuModelError, GpuModelOptions, GpuSequence, ModelKernel, Q8Matrix,
-    MAX_ROWS, MODEL_COMMON, Q8_BLOCK,
+    GpuLogits, GpuModel, GpuModelError, GpuModelOptions, GpuSequence, HostModel, ModelKernel,
+    Q8Matrix, MAX_ROWS, MODEL_COMMON, Q8_BLOCK,
 };
 pub use model::Model;
 pub use speculative::GreedyDraft;

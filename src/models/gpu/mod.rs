@@ -3,6 +3,8 @@
 //!
 //! - [`GpuModel`]: the weights, re-quantized to Q8_0 and uploaded once to the caller's device,
 //!   and the kernels' pipelines; shared by `Arc`.
+//! - [`HostModel`]: the same weights on the host, and an f64 reference forward over them that
+//!   the kernels are tested against.
 //! - [`GpuSequence`]: one sequence's KV cache and activations. [`GpuSequence::record`] appends
 //!   tokens in the caller's command encoder and leaves the logits of every appended position in
 //!   a GPU buffer ([`GpuLogits`], readable by the verifier as [`crate::GpuRows`]);
@@ -18,12 +20,13 @@
 //! this path keeps f32 activations over Q8_0 weights (tests/gpu_forward.rs measures the gap).
 
 mod kernels;
+mod reference;
 mod sequence;
 mod weights;
 
 pub use kernels::{ModelKernel, MODEL_COMMON};
 pub use sequence::{GpuLogits, GpuSequence, MAX_ROWS};
-pub use weights::{GpuModel, GpuModelOptions, Q8Matrix, Q8_BLOCK};
+pub use weights::{GpuModel, GpuModelOptions, HostModel, Q8Matrix, Q8_BLOCK};
 
 pub(crate) use kernels::Pipelines;
 

@@ -166,7 +166,8 @@ pub struct GpuModelOptions {
     pub matmul_lanes: Option<u32>,
 }
 
-/// The host-side tensors of a model, before upload.
+/// One transformer block's tensors on the host.
+#[derive(Clone, Debug)]
 pub(crate) struct HostBlock {
     pub attn_norm: Vec<f32>,
     pub q: Q8Matrix,
@@ -178,6 +179,19 @@ pub(crate) struct HostBlock {
     pub gate: Q8Matrix,
     pub up: Q8Matrix,
     pub down: Q8Matrix,
+}
+
+/// A model's weights on the host in the GPU's form (Q8_0 matrices, f32 norms and biases):
+/// what [`GpuModel::upload`] copies to a device, and the input of the f64 reference forward
+/// ([`HostModel::reference_forward`]) that the GPU kernels are tested against.
+#[derive(Clone, Debug)]
+pub struct HostModel {
+    pub(crate) config: Config,
+    pub(crate) embedding: Q8Matrix,
+    /// `None`: tied to the embedding.
+    pub(crate) head: Option<Q8Matrix>,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) blocks: Vec<HostBlock>,
 }
 
 /// A model's weights uploaded once to a caller's device, with the kernels' pipelines: shared (by
@@ -200,18 +214,12 @@ pub struct GpuModel {
     weight_bytes: u64,
 }
 
-impl GpuModel {
+impl HostModel {
     /// Reads the GGUF file `path` (llama or qwen2, the tensor names of
     /// [`crate::models::Weights`]), whose hyper-parameters are `config` (take them from
-    /// [`crate::models::Weights::config`]), re-quantizes every matrix to Q8_0 from candle's
-    /// dequantized f32 and uploads it to `device`.
-    pub fn load(
-        path: impl AsRef<Path>,
-        config: &Config,
-        device: &wgpu::Device,
-        queue: &wgpu::Queue,
-        options: &GpuModelOptions,
-    ) -> Result<GpuModel, GpuModelError> {
+    /// [`crate::models::Weights::config`]), and re-quantizes every matrix to Q8_0 from candle's
+    /// dequantized f32.
+    pub fn load(path: impl AsRef<Path>, config: &Config) -> Result<HostModel, GpuModelError> {
         let path = path.as_ref();
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
@@ -265,38 +273,21 @@ impl GpuModel {
             });
         }
         let output_norm = file.read("output_norm.weight")?.0;
-        Self::upload(
-            config,
-            &embedding,
-            head.as_ref(),
-            &output_norm,
-            &blocks,
-            device,
-            queue,
-            options,
-        )
+        Ok(HostModel {
+            config: config.clone(),
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        })
     }
 
-    /// A model of `config`'s shape with pseudo-random Q8_0 weights (seeded; norms 1, biases 0
-    /// or small), for timing a real architecture without its file. The logits mean nothing.
-    pub fn random(
-        config: &Config,
-        seed: u64,
-        device: &wgpu::Device,
-        queue: &wgpu::Queue,
-        options: &GpuModelOptions,
-    ) -> Result<GpuModel, GpuModelError> {
-        let mut state = seed;
-        let mut next = move || {
-            // splitmix64
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let mut matrix = |rows: usize, cols: usize| {
-            let qs = (0..rows * cols / 4).map(|_| next() as u32).collect();
+    /// A model of `config`'s shape with pseudo-random Q8_0 weights (seeded; norms 1, biases
+    /// uniform in [−0.5, 0.5)), for timing a real architecture without its file. The logits mean nothing.
+    pub fn random(config: &Config, seed: u64) -> HostModel {
+        let mut rng = SplitMix(seed);
+        let matrix = |rng: &mut SplitMix, rows: usize, cols: usize| {
+            let qs = (0..rows * cols / 4).map(|_| rng.next() as u32).collect();
             // Scales so that a row's dot product with unit-RMS input stays O(1).
             let s = 1.0 / (127.0 * (cols as f32).sqrt());
             Q8Matrix {
@@ -306,49 +297,89 @@ impl GpuModel {
                 scales: vec![s; rows * cols / Q8_BLOCK],
             }
         };
+        // Biases in [−0.5, 0.5): large enough that a kernel dropping one is seen.
+        let bias = |rng: &mut SplitMix, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .collect()
+        };
         let c = config;
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let embedding = matrix(c.vocab_size, c.hidden);
-        let head = (!c.tied_embeddings).then(|| matrix(c.vocab_size, c.hidden));
-        let blocks: Vec<HostBlock> = (0..c.layers)
-            .map(|_| HostBlock {
+        let embedding = matrix(&mut rng, c.vocab_size, c.hidden);
+        let head = (!c.tied_embeddings).then(|| matrix(&mut rng, c.vocab_size, c.hidden));
+        let mut blocks = Vec::with_capacity(c.layers);
+        for _ in 0..c.layers {
+            // Drawn for every architecture, so that two configs differing in the architecture
+            // alone get the same matrices (the tests' controls rely on it).
+            let biases = [bias(&mut rng, qd), bias(&mut rng, kvd), bias(&mut rng, kvd)];
+            blocks.push(HostBlock {
                 attn_norm: vec![1.0; c.hidden],
-                q: matrix(qd, c.hidden),
-                k: matrix(kvd, c.hidden),
-                v: matrix(kvd, c.hidden),
-                bias: (c.architecture == Architecture::Qwen2)
-                    .then(|| [vec![0.01; qd], vec![0.01; kvd], vec![0.01; kvd]]),
-                o: matrix(c.hidden, qd),
+                q: matrix(&mut rng, qd, c.hidden),
+                k: matrix(&mut rng, kvd, c.hidden),
+                v: matrix(&mut rng, kvd, c.hidden),
+                bias: (c.architecture == Architecture::Qwen2).then_some(biases),
+                o: matrix(&mut rng, c.hidden, qd),
                 ffn_norm: vec![1.0; c.hidden],
-                gate: matrix(c.ffn, c.hidden),
-                up: matrix(c.ffn, c.hidden),
-                down: matrix(c.hidden, c.ffn),
-            })
-            .collect();
+                gate: matrix(&mut rng, c.ffn, c.hidden),
+                up: matrix(&mut rng, c.ffn, c.hidden),
+                down: matrix(&mut rng, c.hidden, c.ffn),
+            });
+        }
         let output_norm = vec![1.0; c.hidden];
-        Self::upload(
-            config,
-            &embedding,
-            head.as_ref(),
-            &output_norm,
-            &blocks,
-            device,
-            queue,
-            options,
-        )
+        HostModel {
+            config: config.clone(),
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn upload(
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl GpuModel {
+    /// [`HostModel::load`], then [`GpuModel::upload`].
+    pub fn load(
+        path: impl AsRef<Path>,
         config: &Config,
-        embedding: &Q8Matrix,
-        head: Option<&Q8Matrix>,
-        output_norm: &[f32],
-        blocks: &[HostBlock],
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         options: &GpuModelOptions,
     ) -> Result<GpuModel, GpuModelError> {
+        Self::upload(&HostModel::load(path, config)?, device, queue, options)
+    }
+
+    /// [`HostModel::random`], then [`GpuModel::upload`].
+    pub fn random(
+        config: &Config,
+        seed: u64,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        options: &GpuModelOptions,
+    ) -> Result<GpuModel, GpuModelError> {
+        Self::upload(&HostModel::random(config, seed), device, queue, options)
+    }
+
+    /// Uploads `host` to `device` and builds the kernels' pipelines there (every object created
+    /// inside an error scope).
+    pub fn upload(
+        host: &HostModel,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        options: &GpuModelOptions,
+    ) -> Result<GpuModel, GpuModelError> {
+        let HostModel {
+            config,
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        } = host;
+        let head = head.as_ref();
         check_config(config)?;
         let lanes = options
             .matmul_lanes
@@ -451,6 +482,19 @@ impl GpuModel {
 
     pub(crate) fn head(&self) -> &GpuMatrix {
         self.head.as_ref().unwrap_or(&self.embedding)
+    }
+}
+
+/// splitmix64, the seeded stream of [`HostModel::random`].
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 }
 
