@@ -226,39 +226,42 @@ fn gpu_logits_match_the_cpu_forward() {
     assert!(max_abs_diff(&far, &cpu) > 4.0 * CPU_TOLERANCE);
 }
 
+/// The logits of `tokens` fed `k` at a time to a fresh sequence of `layers` blocks.
+fn fed_in_chunks(model: &Arc<GpuModel>, layers: usize, tokens: &[u32], k: usize) -> Vec<f32> {
+    let mut seq = GpuSequence::with_layers(model.clone(), layers).unwrap();
+    let out: Vec<f32> = tokens
+        .chunks(k)
+        .flat_map(|chunk| seq.forward_blocking(chunk).unwrap())
+        .collect();
+    assert_eq!(seq.len(), tokens.len());
+    out
+}
+
 #[test]
 fn rows_scored_together_equal_rows_scored_alone() {
     let Some(model) = gpu_model() else { return };
-    let mut alone = GpuSequence::new(model.clone()).unwrap();
-    let mut one_by_one = Vec::new();
-    for &t in PROMPT {
-        one_by_one.extend(alone.forward_blocking(&[t]).unwrap());
-    }
     let vocab = model.config().vocab_size;
-    for k in 1..=9 {
-        let mut seq = GpuSequence::new(model.clone()).unwrap();
-        let mut together = Vec::new();
-        for chunk in PROMPT.chunks(k) {
-            together.extend(seq.forward_blocking(chunk).unwrap());
-        }
-        assert_eq!(seq.len(), PROMPT.len());
-        if let Some(row) = (0..PROMPT.len()).find(|&r| {
+    // Every call size from 1 to 9 rows through a 6-block prefix of the model (the same kernels
+    // as the whole model at a fifth of the cost on lavapipe) ...
+    let one_by_one = fed_in_chunks(&model, 6, &PROMPT[..12], 1);
+    for k in 2..=9 {
+        let together = fed_in_chunks(&model, 6, &PROMPT[..12], k);
+        if let Some(row) = (0..12).find(|&r| {
             bits(&together[r * vocab..(r + 1) * vocab])
                 != bits(&one_by_one[r * vocab..(r + 1) * vocab])
         }) {
             panic!("{k} rows per call: row {row} differs from the one-row call");
         }
     }
-    // The whole prompt at once (one chunk of 16 = MAX_ROWS rows) and more than a chunk.
+    // ... and the whole model: the prompt one at a time, at once (one chunk of 16 = MAX_ROWS
+    // rows), and 21 rows (more than a chunk).
+    let layers = model.config().layers;
+    let one_by_one = fed_in_chunks(&model, layers, PROMPT, 1);
     assert_eq!(PROMPT.len(), MAX_ROWS);
-    let mut seq = GpuSequence::new(model.clone()).unwrap();
-    assert_eq!(
-        bits(&seq.forward_blocking(PROMPT).unwrap()),
-        bits(&one_by_one)
-    );
+    let at_once = fed_in_chunks(&model, layers, PROMPT, MAX_ROWS);
+    assert_eq!(bits(&at_once), bits(&one_by_one));
     let long: Vec<u32> = PROMPT.iter().chain(&PROMPT[..5]).copied().collect();
-    let mut seq = GpuSequence::new(model).unwrap();
-    let all = seq.forward_blocking(&long).unwrap();
+    let all = fed_in_chunks(&model, layers, &long, long.len());
     assert_eq!(bits(&all[..one_by_one.len()]), bits(&one_by_one));
 }
 
