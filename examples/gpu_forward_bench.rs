@@ -7,7 +7,7 @@
 //! cargo run --release --features candle --example gpu_forward_bench -- random-qwen-1.5b --rows 1,2,3,5,9
 //! ```
 //!
-//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L]`. MODEL is `smollm2`,
+//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled]`. MODEL is `smollm2`,
 //! `qwen-0.5b`, `qwen-1.5b`, a GGUF path, or `random-qwen-0.5b` / `random-qwen-1.5b` /
 //! `random-smollm2`: the real shapes with pseudo-random weights, for machines without the model
 //! files. Each call appends `rows` tokens after a `context`-token prefix (default 128) and is
@@ -15,7 +15,8 @@
 //! of every multi-row call is checked bit-identical to a one-row call at the same position.
 //! Wall clock per call, from submission to a blocking wait on the device; the median of `iters`
 //! calls (default 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
-//! the adapter like the rest of the crate.
+//! the adapter like the rest of the crate. `--lanes` and `--unrolled` set
+//! [`GpuModelOptions::matmul_lanes`] and [`GpuModelOptions::matmul_unrolled`].
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -81,6 +82,7 @@ struct Args {
     iters: usize,
     context: usize,
     lanes: Option<u32>,
+    unrolled: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -91,6 +93,7 @@ fn parse() -> Result<Args, String> {
         iters: 20,
         context: 128,
         lanes: None,
+        unrolled: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -102,6 +105,7 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--lanes" => a.lanes = Some(value("--lanes")?.parse().map_err(|_| "bad --lanes")?),
+            "--unrolled" => a.unrolled = true,
             "--iters" => a.iters = value("--iters")?.parse().map_err(|_| "bad --iters")?,
             "--context" => a.context = value("--context")?.parse().map_err(|_| "bad --context")?,
             other if a.model.is_empty() && !other.starts_with("--") => a.model = other.to_string(),
@@ -129,6 +133,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let options = GpuModelOptions {
         matmul_lanes: args.lanes,
+        matmul_unrolled: args.unrolled,
         ..GpuModelOptions::default()
     };
     let model = if let Some(name) = args.model.strip_prefix("random-") {

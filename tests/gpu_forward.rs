@@ -473,7 +473,7 @@ fn speculative_greedy_on_the_gpu_equals_plain_greedy() {
 /// A small qwen2-shaped model with random weights (q/k/v biases, rotate-halves rope, 3 query
 /// heads per kv head, an untied head split over 3 buffers) against the f64 reference: the code
 /// paths SmolLM2 (llama) does not take. Also 20 positions at once (two chunks) against one at a
-/// time, bit for bit.
+/// time, bit for bit. Both matmul accumulator forms (`GpuModelOptions::matmul_unrolled`).
 #[test]
 fn a_random_qwen2_shape_matches_the_f64_reference() {
     let Some((device, queue)) = device() else {
@@ -495,11 +495,20 @@ fn a_random_qwen2_shape_matches_the_f64_reference() {
         tied_embeddings: false,
     };
     let host = HostModel::random(&config, 7);
-    let options = GpuModelOptions {
-        max_binding_bytes: Some(400 * 192),
-        ..Default::default()
-    };
-    let model = Arc::new(GpuModel::upload(&host, device, queue, &options).unwrap());
+    for unrolled in [false, true] {
+        let options = GpuModelOptions {
+            max_binding_bytes: Some(400 * 192),
+            matmul_unrolled: unrolled,
+            ..Default::default()
+        };
+        let model = GpuModel::upload(&host, device, queue, &options).unwrap();
+        eprintln!("matmul_unrolled: {unrolled}");
+        check_random_qwen2(&host, Arc::new(model));
+    }
+}
+
+fn check_random_qwen2(host: &HostModel, model: Arc<GpuModel>) {
+    let config = host.config().clone();
     assert_eq!(model.head_parts(), 3);
     let tokens: Vec<u32> = (0..20).map(|i| (i * 151 + 17) % 999).collect();
     let gpu = GpuSequence::new(model.clone())

@@ -164,6 +164,11 @@ pub struct GpuModelOptions {
     /// GPU, 4 on a CPU adapter). Tuning only, but it sets the summation order, so logits move
     /// in their last bits when it changes; rows scored together still equal rows scored alone.
     pub matmul_lanes: Option<u32>,
+    /// Keep the matmul's per-row sums in 16 named variables instead of an array (the WGSL
+    /// `UNROLLED` override of `shaders/model_matmul_q8.wgsl`). Off by default: 4.6× slower on
+    /// lavapipe at one row, where every guarded sum runs; meant for measuring on GPUs, where the
+    /// array may spill to memory. The summation order is the same either way.
+    pub matmul_unrolled: bool,
 }
 
 /// One transformer block's tensors on the host.
@@ -441,7 +446,7 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(device, lanes),
+                pipelines: Pipelines::new(device, lanes, options.matmul_unrolled),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
