@@ -44,7 +44,7 @@ pub enum ModelKernel {
     Rope,
     /// Causal grouped-query attention over the cache (`shaders/model_attention.wgsl`).
     Attention,
-    /// `silu(gate) · up` (`shaders/model_swiglu.wgsl`).
+    /// `silu(gate) · up` over the stacked gate/up output (`shaders/model_swiglu.wgsl`).
     Swiglu,
 }
 
@@ -96,7 +96,7 @@ impl ModelKernel {
             ModelKernel::MatmulQ8 => &[true, true, true, true, false],
             ModelKernel::Rope => &[true, false],
             ModelKernel::Attention => &[true, true, true, false, false],
-            ModelKernel::Swiglu => &[true, true, false],
+            ModelKernel::Swiglu => &[true, false],
         }
     }
 }

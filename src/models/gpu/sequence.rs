@@ -29,8 +29,8 @@ enum Mat {
     K,
     V,
     O,
-    Gate,
-    Up,
+    /// Gate and up stacked.
+    GateUp,
     Down,
 }
 
@@ -71,9 +71,9 @@ struct Activations {
     q: wgpu::Buffer,
     /// Attention output `[rows, heads · head_dim]`.
     att: wgpu::Buffer,
-    /// Gate, up and their SwiGLU product `[rows, ffn]`.
-    g: wgpu::Buffer,
-    u: wgpu::Buffer,
+    /// Gate and up side by side `[rows, 2·ffn]`.
+    gu: wgpu::Buffer,
+    /// Their SwiGLU product `[rows, ffn]`.
     a: wgpu::Buffer,
 }
 
@@ -170,8 +170,7 @@ impl GpuSequence {
                 h: f("specdec.model h", c.hidden),
                 q: f("specdec.model q", qd),
                 att: f("specdec.model att", qd),
-                g: f("specdec.model gate", c.ffn),
-                u: f("specdec.model up", c.ffn),
+                gu: f("specdec.model gate+up", 2 * c.ffn),
                 a: f("specdec.model act", c.ffn),
             };
             let placeholder = |label| buffer(&device, label, 16, STORAGE);
@@ -566,18 +565,8 @@ impl Planner<'_> {
             into(0, c.hidden),
         );
         self.push(Pipe::RmsNorm, Group::FfnNorm(l), norm, (n as u32, 1));
-        self.matmul(
-            Pipe::Matmul,
-            |i| Group::Mat(l, Mat::Gate, i),
-            &b.gate,
-            into(0, c.ffn),
-        );
-        self.matmul(
-            Pipe::Matmul,
-            |i| Group::Mat(l, Mat::Up, i),
-            &b.up,
-            into(0, c.ffn),
-        );
+        let gate_up = |i| Group::Mat(l, Mat::GateUp, i);
+        self.matmul(Pipe::Matmul, gate_up, &b.gate_up, into(0, 2 * c.ffn));
         let swiglu = ModelParams {
             width: c.ffn as u32,
             ..base
@@ -703,7 +692,7 @@ impl GpuSequence {
             &[&a.x, &m.output_norm, &a.h],
         );
         add(Group::RopeQ, ModelKernel::Rope, &[&m.rope_table, &a.q]);
-        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.g, &a.u, &a.a]);
+        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a]);
         for (l, b) in m.blocks[..self.layers].iter().enumerate() {
             let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
             add(
@@ -720,13 +709,12 @@ impl GpuSequence {
             let att = [&a.q, kc, vc, &self.scratch, &a.att];
             add(Group::Attention(l), ModelKernel::Attention, &att);
             let bias = |i: usize| b.bias.as_ref().map_or(&m.dummy, |bs| &bs[i]);
-            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 7] = [
+            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 6] = [
                 (Mat::Q, &b.q, &a.h, bias(0), &a.q),
                 (Mat::K, &b.k, &a.h, bias(1), kc),
                 (Mat::V, &b.v, &a.h, bias(2), vc),
                 (Mat::O, &b.o, &a.att, &m.dummy, &a.x),
-                (Mat::Gate, &b.gate, &a.h, &m.dummy, &a.g),
-                (Mat::Up, &b.up, &a.h, &m.dummy, &a.u),
+                (Mat::GateUp, &b.gate_up, &a.h, &m.dummy, &a.gu),
                 (Mat::Down, &b.down, &a.a, &m.dummy, &a.x),
             ];
             for (which, w, input, bias, output) in mats {

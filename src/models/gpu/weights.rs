@@ -78,6 +78,23 @@ impl Q8Matrix {
         }
     }
 
+    /// The rows of `self`, then those of `below` (same width).
+    ///
+    /// # Panics
+    /// If the widths differ.
+    pub fn stack(&self, below: &Q8Matrix) -> Q8Matrix {
+        assert_eq!(
+            self.cols, below.cols,
+            "stacking matrices of different widths"
+        );
+        Q8Matrix {
+            rows: self.rows + below.rows,
+            cols: self.cols,
+            qs: [&self.qs[..], &below.qs[..]].concat(),
+            scales: [&self.scales[..], &below.scales[..]].concat(),
+        }
+    }
+
     /// Value `(r, c)` as the kernels see it.
     pub fn get(&self, r: usize, c: usize) -> f32 {
         let e = r * self.cols + c;
@@ -148,8 +165,8 @@ pub(crate) struct GpuBlock {
     pub bias: Option<[wgpu::Buffer; 3]>,
     pub o: GpuMatrix,
     pub ffn_norm: wgpu::Buffer,
-    pub gate: GpuMatrix,
-    pub up: GpuMatrix,
+    /// The gate rows, then the up rows: one matmul computes both (`[2·ffn, hidden]`).
+    pub gate_up: GpuMatrix,
     pub down: GpuMatrix,
 }
 
@@ -437,8 +454,7 @@ impl GpuModel {
                     }),
                     o: up(&format!("blk.{i}.attn_output"), &b.o),
                     ffn_norm: floats(&format!("blk.{i}.ffn_norm"), &b.ffn_norm),
-                    gate: up(&format!("blk.{i}.ffn_gate"), &b.gate),
-                    up: up(&format!("blk.{i}.ffn_up"), &b.up),
+                    gate_up: up(&format!("blk.{i}.ffn_gate+up"), &b.gate.stack(&b.up)),
                     down: up(&format!("blk.{i}.ffn_down"), &b.down),
                 })
                 .collect();
