@@ -7,15 +7,17 @@
 //! cargo run --release --features candle --example gpu_forward_bench -- random-qwen-1.5b --rows 1,2,3,5,9
 //! ```
 //!
-//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L]`. MODEL is `smollm2`,
+//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled]`. MODEL is `smollm2`,
 //! `qwen-0.5b`, `qwen-1.5b`, a GGUF path, or `random-qwen-0.5b` / `random-qwen-1.5b` /
 //! `random-smollm2`: the real shapes with pseudo-random weights, for machines without the model
 //! files. Each call appends `rows` tokens after a `context`-token prefix (default 128) and is
 //! truncated back, so every timed call sees the same cache length. Before timing, the first row
 //! of every multi-row call is checked bit-identical to a one-row call at the same position.
-//! Wall clock per call, from submission to a blocking wait on the device; the median of `iters`
-//! calls (default 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
-//! the adapter like the rest of the crate.
+//! Wall clock per call, from recording to a blocking wait on the device (and, apart, the
+//! host's recording of the dispatches into the encoder); the median of `iters` calls (default
+//! 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
+//! the adapter like the rest of the crate. `--lanes` and `--unrolled` set
+//! [`GpuModelOptions::matmul_lanes`] and [`GpuModelOptions::matmul_unrolled`].
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -81,6 +83,7 @@ struct Args {
     iters: usize,
     context: usize,
     lanes: Option<u32>,
+    unrolled: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -91,6 +94,7 @@ fn parse() -> Result<Args, String> {
         iters: 20,
         context: 128,
         lanes: None,
+        unrolled: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -102,6 +106,7 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--lanes" => a.lanes = Some(value("--lanes")?.parse().map_err(|_| "bad --lanes")?),
+            "--unrolled" => a.unrolled = true,
             "--iters" => a.iters = value("--iters")?.parse().map_err(|_| "bad --iters")?,
             "--context" => a.context = value("--context")?.parse().map_err(|_| "bad --context")?,
             other if a.model.is_empty() && !other.starts_with("--") => a.model = other.to_string(),
@@ -129,6 +134,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let options = GpuModelOptions {
         matmul_lanes: args.lanes,
+        matmul_unrolled: args.unrolled,
         ..GpuModelOptions::default()
     };
     let model = if let Some(name) = args.model.strip_prefix("random-") {
@@ -172,20 +178,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| (1000 + 37 * i) as u32 % c.vocab_size as u32)
         .collect();
     let single = forward_and_back(&mut seq, &draft[..1])?;
-    println!("rows | ms per call (median) | min ms | rows/s | cost vs 1 row");
+    println!("rows | ms per call (median) | min ms | of which recording | rows/s | cost vs 1 row");
     let mut base = None;
     for &rows in &args.rows {
         let tokens = &draft[..rows.min(draft.len())];
         let got = forward_and_back(&mut seq, tokens)?;
-        if got[..c.vocab_size] != single[..] {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&got[..c.vocab_size]) != bits(&single) {
             return Err(format!("{rows}-row call: row 0 differs from the one-row call").into());
         }
         let mut times = Vec::with_capacity(args.iters);
+        let mut recording = Vec::with_capacity(args.iters);
         for i in 0..args.iters + 3 {
             let t = Instant::now();
             let mut encoder = device.create_command_encoder(&Default::default());
             seq.record(&mut encoder, tokens, tokens.len())?;
-            let s = queue.submit([encoder.finish()]);
+            let commands = encoder.finish();
+            let recorded = t.elapsed().as_secs_f64() * 1e3;
+            let s = queue.submit([commands]);
             device.poll(wgpu::PollType::Wait {
                 submission_index: Some(s),
                 timeout: None,
@@ -193,16 +203,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             seq.truncate(args.context)?;
             if i >= 3 {
                 times.push(t.elapsed().as_secs_f64() * 1e3);
+                recording.push(recorded);
             }
         }
         times.sort_by(f64::total_cmp);
+        recording.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         let base_ms = *base.get_or_insert(median);
         println!(
-            "{:4} | {:20.3} | {:6.3} | {:6.0} | {:.2}×",
+            "{:4} | {:20.3} | {:6.3} | {:18.3} | {:6.0} | {:.2}×",
             tokens.len(),
             median,
             times[0],
+            recording[recording.len() / 2],
             tokens.len() as f64 / median * 1e3,
             median / base_ms
         );

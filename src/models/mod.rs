@@ -44,8 +44,8 @@ pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
     GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
-    GpuModelOptions, GpuProposer, GpuSequence, ModelKernel, Q8Matrix, MAX_ROWS, MODEL_COMMON,
-    Q8_BLOCK,
+    GpuModelOptions, GpuProposer, GpuSequence, HostModel, ModelKernel, Q8Matrix, MAX_ROWS,
+    MODEL_COMMON, Q8_BLOCK,
 };
 pub use model::Model;
 pub use speculative::GreedyDraft;

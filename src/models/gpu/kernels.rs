@@ -44,7 +44,7 @@ pub enum ModelKernel {
     Rope,
     /// Causal grouped-query attention over the cache (`shaders/model_attention.wgsl`).
     Attention,
-    /// `silu(gate) · up` (`shaders/model_swiglu.wgsl`).
+    /// `silu(gate) · up` over the stacked gate/up output (`shaders/model_swiglu.wgsl`).
     Swiglu,
 }
 
@@ -96,7 +96,7 @@ impl ModelKernel {
             ModelKernel::MatmulQ8 => &[true, true, true, true, false],
             ModelKernel::Rope => &[true, false],
             ModelKernel::Attention => &[true, true, true, false, false],
-            ModelKernel::Swiglu => &[true, true, false],
+            ModelKernel::Swiglu => &[true, false],
         }
     }
 }
@@ -140,11 +140,12 @@ impl Pipe {
         }
     }
 
-    fn constants(self, lanes: u32) -> Vec<(&'static str, f64)> {
+    fn constants(self, lanes: u32, unrolled: bool) -> Vec<(&'static str, f64)> {
         let shape = [
             ("LANES", f64::from(lanes)),
             ("ROWS_PER_WG", f64::from(MATMUL_WG / lanes)),
             ("WG", f64::from(MATMUL_WG)),
+            ("UNROLLED", f64::from(u8::from(unrolled))),
         ];
         match self {
             Pipe::Matmul => shape.to_vec(),
@@ -179,9 +180,9 @@ pub(crate) struct Pipelines {
 }
 
 impl Pipelines {
-    /// Compiles every kernel, the matmul with `lanes` lanes per output row; call inside an error
-    /// scope.
-    pub(crate) fn new(device: &wgpu::Device, lanes: u32) -> Pipelines {
+    /// Compiles every kernel, the matmul with `lanes` lanes per output row and named
+    /// accumulators when `unrolled`; call inside an error scope.
+    pub(crate) fn new(device: &wgpu::Device, lanes: u32, unrolled: bool) -> Pipelines {
         let mut layouts = Vec::new();
         let mut modules = Vec::new();
         for kernel in ModelKernel::ALL {
@@ -219,7 +220,7 @@ impl Pipelines {
                 bind_group_layouts: &[Some(layout)],
                 immediate_size: 0,
             });
-            let constants = pipe.constants(lanes);
+            let constants = pipe.constants(lanes, unrolled);
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: Some(&pl),

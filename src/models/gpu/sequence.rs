@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{ModelKernel, ModelParams, Pipe};
-use super::weights::{GpuMatrix, GpuModel};
+use super::weights::{GpuBlock, GpuMatrix, GpuModel};
 use super::GpuModelError;
 use crate::models::{ModelError, RopeStyle};
 use crate::GpuRows;
@@ -29,8 +29,8 @@ enum Mat {
     K,
     V,
     O,
-    Gate,
-    Up,
+    /// Gate and up stacked.
+    GateUp,
     Down,
 }
 
@@ -71,9 +71,9 @@ struct Activations {
     q: wgpu::Buffer,
     /// Attention output `[rows, heads · head_dim]`.
     att: wgpu::Buffer,
-    /// Gate, up and their SwiGLU product `[rows, ffn]`.
-    g: wgpu::Buffer,
-    u: wgpu::Buffer,
+    /// Gate and up side by side `[rows, 2·ffn]`.
+    gu: wgpu::Buffer,
+    /// Their SwiGLU product `[rows, ffn]`.
     a: wgpu::Buffer,
 }
 
@@ -170,8 +170,7 @@ impl GpuSequence {
                 h: f("specdec.model h", c.hidden),
                 q: f("specdec.model q", qd),
                 att: f("specdec.model att", qd),
-                g: f("specdec.model gate", c.ffn),
-                u: f("specdec.model up", c.ffn),
+                gu: f("specdec.model gate+up", 2 * c.ffn),
                 a: f("specdec.model act", c.ffn),
             };
             let placeholder = |label| buffer(&device, label, 16, STORAGE);
@@ -454,17 +453,148 @@ impl Slots {
     }
 }
 
+/// Builds the dispatch list of one call, chunk by chunk.
+struct Planner<'a> {
+    model: &'a GpuModel,
+    max_dim: u32,
+    out: Vec<Dispatch>,
+    slots: Slots,
+    /// The current chunk's shared parameters (rows, position, head shape, epsilon).
+    base: ModelParams,
+}
+
+impl Planner<'_> {
+    fn push(&mut self, pipe: Pipe, group: Group, p: ModelParams, grid: (u32, u32)) {
+        let slot = self.slots.slot(p);
+        self.out.push(Dispatch {
+            pipe,
+            group,
+            slot,
+            grid,
+        });
+    }
+
+    /// `w` over the chunk's rows, one dispatch per part; `p` holds the input and output
+    /// placement.
+    fn matmul(
+        &mut self,
+        pipe: Pipe,
+        group: impl Fn(usize) -> Group,
+        w: &GpuMatrix,
+        p: ModelParams,
+    ) {
+        let per_wg = self.model.pipelines.matmul_rows_per_wg();
+        for (i, part) in w.parts.iter().enumerate() {
+            let p = ModelParams {
+                width: w.cols as u32,
+                out_rows: part.rows as u32,
+                row_base: part.row_base as u32,
+                ..p
+            };
+            let grid = grid_2d(part.rows.div_ceil(per_wg), self.max_dim);
+            self.push(pipe, group(i), p, grid);
+        }
+    }
+
+    /// Block `l` over the chunk's rows, whose first position is `pos`; the attention scratch
+    /// holds `capacity` scores per row.
+    fn layer(&mut self, l: usize, b: &GpuBlock, pos: usize, capacity: usize) {
+        let c = &self.model.config;
+        let base = self.base;
+        let n = base.rows as usize;
+        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let norm = ModelParams {
+            width: c.hidden as u32,
+            out_stride: c.hidden as u32,
+            ..base
+        };
+        let into = |offset: usize, stride: usize| ModelParams {
+            out_offset: offset as u32,
+            out_stride: stride as u32,
+            ..base
+        };
+        let qkv = if b.bias.is_some() {
+            Pipe::MatmulBias
+        } else {
+            Pipe::Matmul
+        };
+        self.push(Pipe::RmsNorm, Group::AttnNorm(l), norm, (n as u32, 1));
+        self.matmul(qkv, |i| Group::Mat(l, Mat::Q, i), &b.q, into(0, qd));
+        self.matmul(
+            qkv,
+            |i| Group::Mat(l, Mat::K, i),
+            &b.k,
+            into(pos * kvd, kvd),
+        );
+        self.matmul(
+            qkv,
+            |i| Group::Mat(l, Mat::V, i),
+            &b.v,
+            into(pos * kvd, kvd),
+        );
+        let style = match c.rope_style {
+            RopeStyle::AdjacentPairs => 0,
+            RopeStyle::RotateHalves => 1,
+        };
+        let half = c.head_dim / 2;
+        let rope_q = ModelParams {
+            style,
+            ..into(0, qd)
+        };
+        let rope_k = ModelParams {
+            heads: c.kv_heads as u32,
+            style,
+            ..into(pos * kvd, kvd)
+        };
+        let gq = ((n * c.heads * half).div_ceil(WG) as u32, 1);
+        let gk = ((n * c.kv_heads * half).div_ceil(WG) as u32, 1);
+        self.push(Pipe::Rope, Group::RopeQ, rope_q, gq);
+        self.push(Pipe::Rope, Group::RopeK(l), rope_k, gk);
+        let attention = ModelParams {
+            scratch_stride: capacity as u32,
+            scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+            ..base
+        };
+        let ga = (c.heads as u32, n as u32);
+        self.push(Pipe::Attention, Group::Attention(l), attention, ga);
+        let residual = Pipe::MatmulResidual;
+        self.matmul(
+            residual,
+            |i| Group::Mat(l, Mat::O, i),
+            &b.o,
+            into(0, c.hidden),
+        );
+        self.push(Pipe::RmsNorm, Group::FfnNorm(l), norm, (n as u32, 1));
+        let gate_up = |i| Group::Mat(l, Mat::GateUp, i);
+        self.matmul(Pipe::Matmul, gate_up, &b.gate_up, into(0, 2 * c.ffn));
+        let swiglu = ModelParams {
+            width: c.ffn as u32,
+            ..base
+        };
+        let gs = grid_2d((n * c.ffn).div_ceil(WG), self.max_dim);
+        self.push(Pipe::Swiglu, Group::Swiglu, swiglu, gs);
+        self.matmul(
+            residual,
+            |i| Group::Mat(l, Mat::Down, i),
+            &b.down,
+            into(0, c.hidden),
+        );
+    }
+}
+
 impl GpuSequence {
     /// The dispatches of a call appending `t` tokens and scoring its last `rows`, and their
     /// parameter blocks.
     fn plan(&self, t: usize, rows: usize) -> (Vec<Dispatch>, Vec<ModelParams>) {
         let m = &*self.model;
         let c = &m.config;
-        let max_dim = m.device.limits().max_compute_workgroups_per_dimension;
-        let per_wg = m.pipelines.matmul_rows_per_wg();
-        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let mut slots = Slots::default();
-        let mut out = Vec::new();
+        let mut planner = Planner {
+            model: m,
+            max_dim: m.device.limits().max_compute_workgroups_per_dimension,
+            out: Vec::new(),
+            slots: Slots::default(),
+            base: ModelParams::default(),
+        };
         let first_scored = t - rows;
         for c0 in (0..t).step_by(MAX_ROWS) {
             let n = MAX_ROWS.min(t - c0);
@@ -478,15 +608,7 @@ impl GpuSequence {
                 eps: c.rms_eps as f32,
                 ..ModelParams::default()
             };
-            let mut push = |pipe, group, p: ModelParams, grid| {
-                let slot = slots.slot(p);
-                out.push(Dispatch {
-                    pipe,
-                    group,
-                    slot,
-                    grid,
-                });
-            };
+            planner.base = base;
             for (i, part) in m.embedding.parts.iter().enumerate() {
                 let p = ModelParams {
                     width: c.hidden as u32,
@@ -497,118 +619,31 @@ impl GpuSequence {
                     ..base
                 };
                 let grid = (c.hidden.div_ceil(WG) as u32, n as u32);
-                push(Pipe::Embed, Group::Embed(i), p, grid);
+                planner.push(Pipe::Embed, Group::Embed(i), p, grid);
             }
-            let norm = ModelParams {
-                width: c.hidden as u32,
-                out_stride: c.hidden as u32,
-                ..base
-            };
-            // (matrix, its GPU form, pipeline, input width, output offset, output stride)
-            let matmul = |push: &mut dyn FnMut(Pipe, Group, ModelParams, (u32, u32)),
-                          l: usize,
-                          which: Mat,
-                          w: &GpuMatrix,
-                          pipe: Pipe,
-                          out_offset: usize,
-                          out_stride: usize| {
-                for (i, part) in w.parts.iter().enumerate() {
-                    let p = ModelParams {
-                        width: w.cols as u32,
-                        out_rows: part.rows as u32,
-                        row_base: part.row_base as u32,
-                        out_offset: out_offset as u32,
-                        out_stride: out_stride as u32,
-                        ..base
-                    };
-                    let grid = grid_2d(part.rows.div_ceil(per_wg), max_dim);
-                    push(pipe, Group::Mat(l, which, i), p, grid);
-                }
-            };
-            let biased = |b: bool| if b { Pipe::MatmulBias } else { Pipe::Matmul };
             for (l, b) in m.blocks[..self.layers].iter().enumerate() {
-                let qkv = biased(b.bias.is_some());
-                push(Pipe::RmsNorm, Group::AttnNorm(l), norm, (n as u32, 1));
-                matmul(&mut push, l, Mat::Q, &b.q, qkv, 0, qd);
-                matmul(&mut push, l, Mat::K, &b.k, qkv, pos * kvd, kvd);
-                matmul(&mut push, l, Mat::V, &b.v, qkv, pos * kvd, kvd);
-                let style = match c.rope_style {
-                    RopeStyle::AdjacentPairs => 0,
-                    RopeStyle::RotateHalves => 1,
-                };
-                let half = c.head_dim / 2;
-                let rope_q = ModelParams {
-                    out_stride: qd as u32,
-                    style,
-                    ..base
-                };
-                let rope_k = ModelParams {
-                    heads: c.kv_heads as u32,
-                    out_offset: (pos * kvd) as u32,
-                    out_stride: kvd as u32,
-                    style,
-                    ..base
-                };
-                let gq = ((n * c.heads * half).div_ceil(WG) as u32, 1);
-                let gk = ((n * c.kv_heads * half).div_ceil(WG) as u32, 1);
-                push(Pipe::Rope, Group::RopeQ, rope_q, gq);
-                push(Pipe::Rope, Group::RopeK(l), rope_k, gk);
-                let attention = ModelParams {
-                    scratch_stride: self.capacity as u32,
-                    scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
-                    ..base
-                };
-                let ga = (c.heads as u32, n as u32);
-                push(Pipe::Attention, Group::Attention(l), attention, ga);
-                matmul(
-                    &mut push,
-                    l,
-                    Mat::O,
-                    &b.o,
-                    Pipe::MatmulResidual,
-                    0,
-                    c.hidden,
-                );
-                push(Pipe::RmsNorm, Group::FfnNorm(l), norm, (n as u32, 1));
-                matmul(&mut push, l, Mat::Gate, &b.gate, Pipe::Matmul, 0, c.ffn);
-                matmul(&mut push, l, Mat::Up, &b.up, Pipe::Matmul, 0, c.ffn);
-                let swiglu = ModelParams {
-                    width: c.ffn as u32,
-                    ..base
-                };
-                let gs = grid_2d((n * c.ffn).div_ceil(WG), max_dim);
-                push(Pipe::Swiglu, Group::Swiglu, swiglu, gs);
-                matmul(
-                    &mut push,
-                    l,
-                    Mat::Down,
-                    &b.down,
-                    Pipe::MatmulResidual,
-                    0,
-                    c.hidden,
-                );
+                planner.layer(l, b, pos, self.capacity);
             }
             // The head runs on the scored rows of this chunk only.
             let (lo, hi) = (first_scored.max(c0), c0 + n);
             if lo < hi {
-                push(Pipe::RmsNorm, Group::FinalNorm, norm, (n as u32, 1));
-                for (i, part) in m.head().parts.iter().enumerate() {
-                    let p = ModelParams {
-                        rows: (hi - lo) as u32,
-                        width: c.hidden as u32,
-                        out_rows: part.rows as u32,
-                        row_base: part.row_base as u32,
-                        in_offset: ((lo - c0) * c.hidden) as u32,
-                        out_offset: ((lo - first_scored) * c.vocab_size) as u32,
-                        out_stride: c.vocab_size as u32,
-                        ..base
-                    };
-                    let grid = grid_2d(part.rows.div_ceil(per_wg), max_dim);
-                    push(Pipe::Matmul, Group::Head(i), p, grid);
-                }
+                let norm = ModelParams {
+                    width: c.hidden as u32,
+                    out_stride: c.hidden as u32,
+                    ..base
+                };
+                planner.push(Pipe::RmsNorm, Group::FinalNorm, norm, (n as u32, 1));
+                let p = ModelParams {
+                    rows: (hi - lo) as u32,
+                    in_offset: ((lo - c0) * c.hidden) as u32,
+                    out_offset: ((lo - first_scored) * c.vocab_size) as u32,
+                    out_stride: c.vocab_size as u32,
+                    ..base
+                };
+                planner.matmul(Pipe::Matmul, Group::Head, m.head(), p);
             }
         }
-        (out, slots.0)
+        (planner.out, planner.slots.0)
     }
 
     /// Every bind group of the sequence (rebuilt when a buffer it binds was replaced).
@@ -657,7 +692,7 @@ impl GpuSequence {
             &[&a.x, &m.output_norm, &a.h],
         );
         add(Group::RopeQ, ModelKernel::Rope, &[&m.rope_table, &a.q]);
-        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.g, &a.u, &a.a]);
+        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a]);
         for (l, b) in m.blocks[..self.layers].iter().enumerate() {
             let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
             add(
@@ -674,13 +709,12 @@ impl GpuSequence {
             let att = [&a.q, kc, vc, &self.scratch, &a.att];
             add(Group::Attention(l), ModelKernel::Attention, &att);
             let bias = |i: usize| b.bias.as_ref().map_or(&m.dummy, |bs| &bs[i]);
-            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 7] = [
+            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 6] = [
                 (Mat::Q, &b.q, &a.h, bias(0), &a.q),
                 (Mat::K, &b.k, &a.h, bias(1), kc),
                 (Mat::V, &b.v, &a.h, bias(2), vc),
                 (Mat::O, &b.o, &a.att, &m.dummy, &a.x),
-                (Mat::Gate, &b.gate, &a.h, &m.dummy, &a.g),
-                (Mat::Up, &b.up, &a.h, &m.dummy, &a.u),
+                (Mat::GateUp, &b.gate_up, &a.h, &m.dummy, &a.gu),
                 (Mat::Down, &b.down, &a.a, &m.dummy, &a.x),
             ];
             for (which, w, input, bias, output) in mats {

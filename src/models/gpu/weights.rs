@@ -78,6 +78,23 @@ impl Q8Matrix {
         }
     }
 
+    /// The rows of `self`, then those of `below` (same width).
+    ///
+    /// # Panics
+    /// If the widths differ.
+    pub fn stack(&self, below: &Q8Matrix) -> Q8Matrix {
+        assert_eq!(
+            self.cols, below.cols,
+            "stacking matrices of different widths"
+        );
+        Q8Matrix {
+            rows: self.rows + below.rows,
+            cols: self.cols,
+            qs: [&self.qs[..], &below.qs[..]].concat(),
+            scales: [&self.scales[..], &below.scales[..]].concat(),
+        }
+    }
+
     /// Value `(r, c)` as the kernels see it.
     pub fn get(&self, r: usize, c: usize) -> f32 {
         let e = r * self.cols + c;
@@ -148,8 +165,8 @@ pub(crate) struct GpuBlock {
     pub bias: Option<[wgpu::Buffer; 3]>,
     pub o: GpuMatrix,
     pub ffn_norm: wgpu::Buffer,
-    pub gate: GpuMatrix,
-    pub up: GpuMatrix,
+    /// The gate rows, then the up rows: one matmul computes both (`[2·ffn, hidden]`).
+    pub gate_up: GpuMatrix,
     pub down: GpuMatrix,
 }
 
@@ -164,9 +181,15 @@ pub struct GpuModelOptions {
     /// GPU, 4 on a CPU adapter). Tuning only, but it sets the summation order, so logits move
     /// in their last bits when it changes; rows scored together still equal rows scored alone.
     pub matmul_lanes: Option<u32>,
+    /// Keep the matmul's per-row sums in 16 named variables instead of an array (the WGSL
+    /// `UNROLLED` override of `shaders/model_matmul_q8.wgsl`). Off by default: 4.6× slower on
+    /// lavapipe at one row, where every guarded sum runs; meant for measuring on GPUs, where the
+    /// array may spill to memory. The summation order is the same either way.
+    pub matmul_unrolled: bool,
 }
 
-/// The host-side tensors of a model, before upload.
+/// One transformer block's tensors on the host.
+#[derive(Clone, Debug)]
 pub(crate) struct HostBlock {
     pub attn_norm: Vec<f32>,
     pub q: Q8Matrix,
@@ -178,6 +201,19 @@ pub(crate) struct HostBlock {
     pub gate: Q8Matrix,
     pub up: Q8Matrix,
     pub down: Q8Matrix,
+}
+
+/// A model's weights on the host in the GPU's form (Q8_0 matrices, f32 norms and biases):
+/// what [`GpuModel::upload`] copies to a device, and the input of the f64 reference forward
+/// ([`HostModel::reference_forward`]) that the GPU kernels are tested against.
+#[derive(Clone, Debug)]
+pub struct HostModel {
+    pub(crate) config: Config,
+    pub(crate) embedding: Q8Matrix,
+    /// `None`: tied to the embedding.
+    pub(crate) head: Option<Q8Matrix>,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) blocks: Vec<HostBlock>,
 }
 
 /// A model's weights uploaded once to a caller's device, with the kernels' pipelines: shared (by
@@ -200,18 +236,12 @@ pub struct GpuModel {
     weight_bytes: u64,
 }
 
-impl GpuModel {
+impl HostModel {
     /// Reads the GGUF file `path` (llama or qwen2, the tensor names of
     /// [`crate::models::Weights`]), whose hyper-parameters are `config` (take them from
-    /// [`crate::models::Weights::config`]), re-quantizes every matrix to Q8_0 from candle's
-    /// dequantized f32 and uploads it to `device`.
-    pub fn load(
-        path: impl AsRef<Path>,
-        config: &Config,
-        device: &wgpu::Device,
-        queue: &wgpu::Queue,
-        options: &GpuModelOptions,
-    ) -> Result<GpuModel, GpuModelError> {
+    /// [`crate::models::Weights::config`]), and re-quantizes every matrix to Q8_0 from candle's
+    /// dequantized f32.
+    pub fn load(path: impl AsRef<Path>, config: &Config) -> Result<HostModel, GpuModelError> {
         let path = path.as_ref();
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
@@ -265,38 +295,21 @@ impl GpuModel {
             });
         }
         let output_norm = file.read("output_norm.weight")?.0;
-        Self::upload(
-            config,
-            &embedding,
-            head.as_ref(),
-            &output_norm,
-            &blocks,
-            device,
-            queue,
-            options,
-        )
+        Ok(HostModel {
+            config: config.clone(),
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        })
     }
 
-    /// A model of `config`'s shape with pseudo-random Q8_0 weights (seeded; norms 1, biases 0
-    /// or small), for timing a real architecture without its file. The logits mean nothing.
-    pub fn random(
-        config: &Config,
-        seed: u64,
-        device: &wgpu::Device,
-        queue: &wgpu::Queue,
-        options: &GpuModelOptions,
-    ) -> Result<GpuModel, GpuModelError> {
-        let mut state = seed;
-        let mut next = move || {
-            // splitmix64
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let mut matrix = |rows: usize, cols: usize| {
-            let qs = (0..rows * cols / 4).map(|_| next() as u32).collect();
+    /// A model of `config`'s shape with pseudo-random Q8_0 weights (seeded; norms 1, biases
+    /// uniform in [−0.5, 0.5)), for timing a real architecture without its file. The logits mean nothing.
+    pub fn random(config: &Config, seed: u64) -> HostModel {
+        let mut rng = SplitMix(seed);
+        let matrix = |rng: &mut SplitMix, rows: usize, cols: usize| {
+            let qs = (0..rows * cols / 4).map(|_| rng.next() as u32).collect();
             // Scales so that a row's dot product with unit-RMS input stays O(1).
             let s = 1.0 / (127.0 * (cols as f32).sqrt());
             Q8Matrix {
@@ -306,49 +319,89 @@ impl GpuModel {
                 scales: vec![s; rows * cols / Q8_BLOCK],
             }
         };
+        // Biases in [−0.5, 0.5): large enough that a kernel dropping one is seen.
+        let bias = |rng: &mut SplitMix, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .collect()
+        };
         let c = config;
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let embedding = matrix(c.vocab_size, c.hidden);
-        let head = (!c.tied_embeddings).then(|| matrix(c.vocab_size, c.hidden));
-        let blocks: Vec<HostBlock> = (0..c.layers)
-            .map(|_| HostBlock {
+        let embedding = matrix(&mut rng, c.vocab_size, c.hidden);
+        let head = (!c.tied_embeddings).then(|| matrix(&mut rng, c.vocab_size, c.hidden));
+        let mut blocks = Vec::with_capacity(c.layers);
+        for _ in 0..c.layers {
+            // Drawn for every architecture, so that two configs differing in the architecture
+            // alone get the same matrices (the tests' controls rely on it).
+            let biases = [bias(&mut rng, qd), bias(&mut rng, kvd), bias(&mut rng, kvd)];
+            blocks.push(HostBlock {
                 attn_norm: vec![1.0; c.hidden],
-                q: matrix(qd, c.hidden),
-                k: matrix(kvd, c.hidden),
-                v: matrix(kvd, c.hidden),
-                bias: (c.architecture == Architecture::Qwen2)
-                    .then(|| [vec![0.01; qd], vec![0.01; kvd], vec![0.01; kvd]]),
-                o: matrix(c.hidden, qd),
+                q: matrix(&mut rng, qd, c.hidden),
+                k: matrix(&mut rng, kvd, c.hidden),
+                v: matrix(&mut rng, kvd, c.hidden),
+                bias: (c.architecture == Architecture::Qwen2).then_some(biases),
+                o: matrix(&mut rng, c.hidden, qd),
                 ffn_norm: vec![1.0; c.hidden],
-                gate: matrix(c.ffn, c.hidden),
-                up: matrix(c.ffn, c.hidden),
-                down: matrix(c.hidden, c.ffn),
-            })
-            .collect();
+                gate: matrix(&mut rng, c.ffn, c.hidden),
+                up: matrix(&mut rng, c.ffn, c.hidden),
+                down: matrix(&mut rng, c.hidden, c.ffn),
+            });
+        }
         let output_norm = vec![1.0; c.hidden];
-        Self::upload(
-            config,
-            &embedding,
-            head.as_ref(),
-            &output_norm,
-            &blocks,
-            device,
-            queue,
-            options,
-        )
+        HostModel {
+            config: config.clone(),
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn upload(
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl GpuModel {
+    /// [`HostModel::load`], then [`GpuModel::upload`].
+    pub fn load(
+        path: impl AsRef<Path>,
         config: &Config,
-        embedding: &Q8Matrix,
-        head: Option<&Q8Matrix>,
-        output_norm: &[f32],
-        blocks: &[HostBlock],
         device: &wgpu::Device,
         queue: &wgpu::Queue,
         options: &GpuModelOptions,
     ) -> Result<GpuModel, GpuModelError> {
+        Self::upload(&HostModel::load(path, config)?, device, queue, options)
+    }
+
+    /// [`HostModel::random`], then [`GpuModel::upload`].
+    pub fn random(
+        config: &Config,
+        seed: u64,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        options: &GpuModelOptions,
+    ) -> Result<GpuModel, GpuModelError> {
+        Self::upload(&HostModel::random(config, seed), device, queue, options)
+    }
+
+    /// Uploads `host` to `device` and builds the kernels' pipelines there (every object created
+    /// inside an error scope).
+    pub fn upload(
+        host: &HostModel,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        options: &GpuModelOptions,
+    ) -> Result<GpuModel, GpuModelError> {
+        let HostModel {
+            config,
+            embedding,
+            head,
+            output_norm,
+            blocks,
+        } = host;
+        let head = head.as_ref();
         check_config(config)?;
         let lanes = options
             .matmul_lanes
@@ -401,8 +454,7 @@ impl GpuModel {
                     }),
                     o: up(&format!("blk.{i}.attn_output"), &b.o),
                     ffn_norm: floats(&format!("blk.{i}.ffn_norm"), &b.ffn_norm),
-                    gate: up(&format!("blk.{i}.ffn_gate"), &b.gate),
-                    up: up(&format!("blk.{i}.ffn_up"), &b.up),
+                    gate_up: up(&format!("blk.{i}.ffn_gate+up"), &b.gate.stack(&b.up)),
                     down: up(&format!("blk.{i}.ffn_down"), &b.down),
                 })
                 .collect();
@@ -410,7 +462,7 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(device, lanes),
+                pipelines: Pipelines::new(device, lanes, options.matmul_unrolled),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
@@ -451,6 +503,19 @@ impl GpuModel {
 
     pub(crate) fn head(&self) -> &GpuMatrix {
         self.head.as_ref().unwrap_or(&self.embedding)
+    }
+}
+
+/// splitmix64, the seeded stream of [`HostModel::random`].
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 }
 
