@@ -32,6 +32,7 @@
 
 mod error;
 mod generate;
+mod gpu;
 mod model;
 mod speculative;
 mod tokenizer;
@@ -41,6 +42,11 @@ use std::path::PathBuf;
 
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
+pub use gpu::{
+    GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
+    GpuModelOptions, GpuProposer, GpuSequence, HostModel, ModelKernel, Q8Matrix, MAX_ROWS,
+    MODEL_COMMON, Q8_BLOCK,
+};
 pub use model::Model;
 pub use speculative::GreedyDraft;
 pub use tokenizer::{PreTokenizer, Tokenizer};

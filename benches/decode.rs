@@ -1,0 +1,551 @@
+//! End-to-end decoding speed on a GPU: plain decoding against speculative decoding with the same
+//! kernels (`specdec::models::GpuDecoder`), alternated A/B in one process so that the GPU's state
+//! hits both alike, and the verifier's share of a decode step.
+//!
+//! ```text
+//! cargo bench --features candle --bench decode -- smollm2 --draft ngram --prompt code-edit
+//! cargo bench --features candle --bench decode -- qwen-1.5b --draft qwen-0.5b
+//! cargo bench --features candle --bench decode -- random-qwen-1.5b --draft random-qwen-0.5b \
+//!     --synthetic 0.88,0.75,0.75,0.67
+//! ```
+//!
+//! Arguments: `TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] [--tokens 64] [--rounds 3]
+//! [--prompt code-edit|python|prose] [--temperature T] [--synthetic A1,A2,..] [--csv PATH]`.
+//! A model is `smollm2`, `qwen-0.5b`, `qwen-1.5b` (files of `examples/fetch-models.sh`), a GGUF
+//! path, or `random-<name>`: the real shape with pseudo-random weights, for machines without
+//! the files. Random weights make meaningless text, so they need `--synthetic`: the per-position
+//! acceptance rates (fraction of steps that accept more than `i` drafts, as
+//! `speculative::Metrics` reports them) measured with the real weights; the verifier then uses
+//! `Rule::Synthetic` with the matching conditional rates, and every other cost (forwards,
+//! statistics, readbacks) is the real one.
+//!
+//! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
+//! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
+//! verify_share`). tok/s is the median over rounds of generated tokens per second of decode
+//! time (the prompt's prefill excluded); `accepted_per_step` is the mean of accepted drafts per
+//! target call; `verify_share` is the verifier's GPU time on the step's `k + 1` rows (timestamp
+//! queries where the adapter has them, else the wall time of a verify-only submission, an upper
+//! bound) over the mean wall time of a speculative step.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use specdec::models::{
+    models_dir, Architecture, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions,
+    GpuProposer, GpuSequence, RopeStyle, Weights, QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+};
+use specdec::speculative::NgramProposer;
+use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
+
+fn main() -> ExitCode {
+    // `cargo bench` passes `--bench`; this harness has no use for it.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    match parse(&args).and_then(|a| run(&a)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("decode bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Args {
+    target: String,
+    draft: String,
+    k: usize,
+    tokens: usize,
+    rounds: usize,
+    prompt: String,
+    temperature: f32,
+    synthetic: Option<Vec<f32>>,
+    csv: Option<String>,
+}
+
+fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("{name}: {v:?} is not a valid value"))
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        target: String::new(),
+        draft: "none".into(),
+        k: 4,
+        tokens: 64,
+        rounds: 3,
+        prompt: "code-edit".into(),
+        temperature: 0.0,
+        synthetic: None,
+        csv: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--draft" => a.draft = value("--draft")?,
+            "--k" => a.k = number("--k", &value("--k")?)?,
+            "--tokens" => a.tokens = number("--tokens", &value("--tokens")?)?,
+            "--rounds" => a.rounds = number("--rounds", &value("--rounds")?)?,
+            "--prompt" => a.prompt = value("--prompt")?,
+            "--temperature" => a.temperature = number("--temperature", &value("--temperature")?)?,
+            "--csv" => a.csv = Some(value("--csv")?),
+            "--synthetic" => {
+                let v = value("--synthetic")?;
+                let rates = v.split(',').map(|s| number("--synthetic", s));
+                a.synthetic = Some(rates.collect::<Result<_, _>>()?);
+            }
+            other if a.target.is_empty() && !other.starts_with("--") => a.target = other.into(),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.target.is_empty() {
+        return Err(
+            "usage: decode TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] \
+                    [--tokens 64] [--rounds 3] [--prompt code-edit|python|prose] \
+                    [--temperature T] [--synthetic A1,A2,..] [--csv PATH]"
+                .into(),
+        );
+    }
+    if a.k == 0 || a.tokens == 0 || a.rounds == 0 {
+        return Err("--k, --tokens and --rounds must be at least 1".into());
+    }
+    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
+        return Err(format!(
+            "--temperature {} must be finite and ≥ 0",
+            a.temperature
+        ));
+    }
+    let random = a.target.starts_with("random-");
+    if random && a.synthetic.is_none() {
+        return Err(
+            "random weights make meaningless text: give --synthetic with the acceptance \
+                    rates measured with the real weights"
+                .into(),
+        );
+    }
+    if let Some(r) = &a.synthetic {
+        if r.len() != a.k || r.iter().any(|x| !(0.0..=1.0).contains(x)) {
+            return Err(format!("--synthetic needs k = {} rates in [0, 1]", a.k));
+        }
+    }
+    Ok(a)
+}
+
+/// The shape of a known model, for random weights.
+fn shape(name: &str) -> Option<Config> {
+    let qwen = |layers, hidden, ffn, heads| Config {
+        architecture: Architecture::Qwen2,
+        layers,
+        hidden,
+        ffn,
+        heads,
+        kv_heads: 2,
+        head_dim: hidden / heads,
+        vocab_size: 151_936,
+        rms_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_style: RopeStyle::RotateHalves,
+        context_length: 32_768,
+        tied_embeddings: true,
+    };
+    match name {
+        "qwen-0.5b" => Some(qwen(24, 896, 4864, 14)),
+        "qwen-1.5b" => Some(qwen(28, 1536, 8960, 12)),
+        "smollm2" => Some(Config {
+            architecture: Architecture::Llama,
+            layers: 30,
+            hidden: 576,
+            ffn: 1536,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            vocab_size: 49_152,
+            rms_eps: 1e-5,
+            rope_theta: 100_000.0,
+            rope_style: RopeStyle::AdjacentPairs,
+            context_length: 8192,
+            tied_embeddings: true,
+        }),
+        _ => None,
+    }
+}
+
+/// A loaded model and, for real weights, the CPU-side weights (for the tokenizer).
+struct Loaded {
+    gpu: Arc<GpuModel>,
+    weights: Option<Arc<Weights>>,
+}
+
+fn load(name: &str, seed: u64, verifier: &Verifier) -> Result<Loaded, Box<dyn std::error::Error>> {
+    let (device, queue) = verifier.device().ok_or("the verifier has no GPU")?;
+    let options = GpuModelOptions::default();
+    if let Some(shape_name) = name.strip_prefix("random-") {
+        let config = shape(shape_name).ok_or(format!("no shape for {shape_name:?}"))?;
+        let gpu = GpuModel::random(&config, seed, device, queue, &options)?;
+        return Ok(Loaded {
+            gpu: Arc::new(gpu),
+            weights: None,
+        });
+    }
+    let path = match name {
+        "smollm2" => models_dir().join(SMOLLM2_FILE),
+        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
+        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
+        other => other.into(),
+    };
+    let w = Weights::load(&path)?;
+    let gpu = GpuModel::load(&path, w.config(), device, queue, &options)?;
+    Ok(Loaded {
+        gpu: Arc::new(gpu),
+        weights: Some(w),
+    })
+}
+
+/// The prompts: a code-editing request that repeats its input (n-gram drafts pay there), a
+/// function to complete, and prose.
+fn prompt_text(name: &str) -> Result<&'static str, String> {
+    Ok(match name {
+        "code-edit" => {
+            "def mean(values):\n    total = 0\n    count = 0\n    for v in values:\n        \
+             total += v\n        count += 1\n    if count == 0:\n        return 0.0\n    \
+             return total / count\n\n\n# The same function, with `total` renamed to `acc`:\n\
+             def mean(values):\n    acc = 0\n"
+        }
+        "python" => "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "prose" => "The history of the printing press begins",
+        other => {
+            return Err(format!(
+                "unknown prompt {other:?}: code-edit, python or prose"
+            ))
+        }
+    })
+}
+
+fn prompt_ids(target: &Loaded, name: &str) -> Result<Vec<u32>, String> {
+    let text = prompt_text(name)?;
+    Ok(match &target.weights {
+        Some(w) => w.tokenizer().encode(text),
+        // Random weights: any ids; the synthetic rule decides acceptance.
+        None => (0..64)
+            .map(|i| (i * 7919 % target.gpu.config().vocab_size) as u32)
+            .collect(),
+    })
+}
+
+fn proposer(a: &Args, target: &Loaded, verifier: &Verifier) -> Result<GpuProposer, String> {
+    let p = match a.draft.as_str() {
+        "none" => GpuProposer::None,
+        "ngram" => GpuProposer::Ngram(NgramProposer::new(1, 3).map_err(|e| e.to_string())?),
+        d if d.starts_with("layers:") => {
+            let n = number("--draft layers:N", &d["layers:".len()..])?;
+            let seq = GpuSequence::with_layers(target.gpu.clone(), n).map_err(|e| e.to_string())?;
+            GpuProposer::Model(Box::new(seq))
+        }
+        model => {
+            let m = load(model, 2, verifier).map_err(|e| format!("draft {model}: {e}"))?;
+            let seq = GpuSequence::new(m.gpu).map_err(|e| e.to_string())?;
+            GpuProposer::Model(Box::new(seq))
+        }
+    };
+    Ok(p)
+}
+
+/// One measured generation: tokens per second of decode time, and its metrics.
+struct Run {
+    tok_s: f64,
+    steps: u64,
+    accepted: u64,
+    step_time: Duration,
+}
+
+fn generate(
+    decoder: &mut GpuDecoder<'_>,
+    prompt: &[u32],
+    params: SamplingParams,
+    tokens: usize,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    decoder.reset_metrics();
+    let out = decoder.generate(prompt, params, tokens)?;
+    let m = decoder.metrics();
+    let decode = m.propose_time + m.score_time;
+    Ok(Run {
+        tok_s: out.tokens.len() as f64 / decode.as_secs_f64(),
+        steps: m.target_calls,
+        accepted: m.accepted,
+        step_time: decode / (m.target_calls.max(1) as u32),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The verifier's time on one step's `k + 1` rows with the run's rule and parameters: GPU
+/// timestamps around its compute pass where the device has them (median of 20), else the wall
+/// time of a verify-only submission and its readback.
+fn verify_time(
+    verifier: &Verifier,
+    vocab: usize,
+    k: usize,
+    params: SamplingParams,
+    rates: Option<&[f32]>,
+) -> Result<(Duration, &'static str), Box<dyn std::error::Error>> {
+    let (device, queue) = verifier.device().ok_or("the verifier has no GPU")?;
+    let rows = k + 1;
+    // Logits of the magnitude a model produces; their values do not change the work done.
+    let logits: Vec<f32> = (0..rows * vocab)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 / 16_777_216.0 * 8.0)
+        .collect();
+    let buffer = wgpu::util::DeviceExt::create_buffer_init(
+        device,
+        &wgpu::util::BufferInitDescriptor {
+            label: Some("decode bench logits"),
+            contents: bytemuck::cast_slice(&logits),
+            usage: wgpu::BufferUsages::STORAGE,
+        },
+    );
+    let drafts: Vec<i32> = (0..k as i32).map(|i| i * 17 + 3).collect();
+    let request = [Request {
+        num_drafts: k as u32,
+        params,
+        position: 100,
+    }];
+    let batch = GpuVerifyBatch {
+        vocab_size: vocab as u32,
+        requests: &request,
+        draft_token_ids: &drafts,
+        target_logits: GpuRows::f32(&buffer, 0),
+        draft: Draft::OneHot,
+        draft_vocab_size: None,
+        synthetic_rates: rates,
+    };
+    let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+    let query = timestamps.then(|| {
+        device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("decode bench verify"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        })
+    });
+    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("decode bench resolve"),
+        size: 16,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("decode bench read"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut times = Vec::new();
+    for i in 0..25 {
+        let t = Instant::now();
+        let mut enc = device.create_command_encoder(&Default::default());
+        let pending = match &query {
+            Some(q) => {
+                let writes = wgpu::ComputePassTimestampWrites {
+                    query_set: q,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                };
+                let p =
+                    verifier.record_timed(&mut enc, &batch, specdec::Timestamps::Pass(writes))?;
+                enc.resolve_query_set(q, 0..2, &resolve, 0);
+                enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
+                p
+            }
+            None => verifier.record(&mut enc, &batch)?,
+        };
+        queue.submit([enc.finish()]);
+        verifier.read_blocking(pending)?;
+        let wall = t.elapsed();
+        let took = if query.is_some() {
+            read.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            device.poll(wgpu::PollType::wait_indefinitely())?;
+            let ticks: Vec<u64> = {
+                let view = read
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| format!("{e:?}"))?;
+                bytemuck::cast_slice(&view).to_vec()
+            };
+            read.unmap();
+            let ns =
+                ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(queue.get_timestamp_period());
+            Duration::from_nanos(ns as u64)
+        } else {
+            wall
+        };
+        if i >= 5 {
+            times.push(took.as_secs_f64());
+        }
+    }
+    let how = if query.is_some() {
+        "GPU timestamps"
+    } else {
+        "wall clock"
+    };
+    Ok((Duration::from_secs_f64(median(times)), how))
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    run_inner(a).map_err(|e| e.to_string())
+}
+
+fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let verifier = Verifier::new(Default::default())?;
+    let info = verifier.adapter_info().cloned().ok_or("no GPU adapter")?;
+    eprintln!(
+        "adapter: {} ({:?}); loading {}",
+        info.name, info.backend, a.target
+    );
+    let target = load(&a.target, 1, &verifier)?;
+    let prompt = prompt_ids(&target, &a.prompt)?;
+    let vocab = target.gpu.config().vocab_size;
+    let mut params = if a.temperature > 0.0 {
+        SamplingParams::seeded(a.temperature, 1)
+    } else {
+        SamplingParams::greedy()
+    };
+    let rates = match &a.synthetic {
+        Some(r) => {
+            params = SamplingParams::seeded(a.temperature.max(1.0), 1);
+            params.rule = Rule::Synthetic;
+            Some(specdec::synthetic::conditional_from_unconditional(r)?)
+        }
+        None => None,
+    };
+    let config = GpuDecodeConfig {
+        num_drafts: a.k,
+        eos: Vec::new(),
+        synthetic_rates: rates.clone(),
+    };
+    let seq = || GpuSequence::new(target.gpu.clone());
+    let mut plain = GpuDecoder::new(&verifier, seq()?, GpuProposer::None, config.clone())?;
+    let mut spec = GpuDecoder::new(&verifier, seq()?, proposer(a, &target, &verifier)?, config)?;
+    // Warm-up: pipelines, buffers and the GPU's clocks; the text shows what is being decoded.
+    generate(&mut plain, &prompt, params, a.tokens.min(16))?;
+    let text = spec.generate(&prompt, params, a.tokens)?.tokens;
+    if let Some(w) = &target.weights {
+        eprintln!("continuation: {:?}", w.tokenizer().decode(&text));
+    }
+    let (mut plain_tok_s, mut spec_tok_s, mut steps, mut accepted) = (vec![], vec![], 0, 0);
+    let mut step_time = Duration::ZERO;
+    for round in 0..a.rounds {
+        let p = generate(&mut plain, &prompt, params, a.tokens)?;
+        let s = generate(&mut spec, &prompt, params, a.tokens)?;
+        eprintln!(
+            "round {round}: plain {:.1} tok/s, speculative {:.1} tok/s ({} steps, {} drafts \
+             accepted)",
+            p.tok_s, s.tok_s, s.steps, s.accepted
+        );
+        plain_tok_s.push(p.tok_s);
+        spec_tok_s.push(s.tok_s);
+        steps += s.steps;
+        accepted += s.accepted;
+        step_time += s.step_time;
+    }
+    let step_time = step_time / a.rounds as u32;
+    let m = spec.metrics();
+    let per_position: Vec<String> = (0..a.k)
+        .map(|i| {
+            m.acceptance_rate(i)
+                .map_or("-".into(), |r| format!("{r:.3}"))
+        })
+        .collect();
+    eprintln!(
+        "acceptance per position (last round; steps accepting more than i drafts): {}",
+        per_position.join(",")
+    );
+    let (verify, how) = verify_time(&verifier, vocab, a.k, params, rates.as_deref())?;
+    let row = Row {
+        model: a.target.clone(),
+        draft: a.draft.clone(),
+        proposer: proposer_kind(&a.draft).into(),
+        backend: format!("{:?}", info.backend).to_lowercase(),
+        adapter: info.name.clone(),
+        k: a.k,
+        plain_tok_s: median(plain_tok_s),
+        spec_tok_s: median(spec_tok_s),
+        accepted_per_step: accepted as f64 / steps.max(1) as f64,
+        verify_share: verify.as_secs_f64() / step_time.as_secs_f64(),
+    };
+    println!("{}", Row::HEADER);
+    println!("{}", row.csv());
+    println!(
+        "speed-up {:.2}x; verify {:.1} us ({how}) of a {:.2} ms step",
+        row.spec_tok_s / row.plain_tok_s,
+        verify.as_secs_f64() * 1e6,
+        step_time.as_secs_f64() * 1e3
+    );
+    if let Some(path) = &a.csv {
+        row.append(path)?;
+        eprintln!("appended to {path}");
+    }
+    Ok(())
+}
+
+fn proposer_kind(draft: &str) -> &'static str {
+    match draft {
+        "none" => "none",
+        "ngram" => "ngram",
+        d if d.starts_with("layers:") => "layer-skip",
+        _ => "draft-model",
+    }
+}
+
+/// One line of the results CSV.
+struct Row {
+    model: String,
+    draft: String,
+    proposer: String,
+    backend: String,
+    adapter: String,
+    k: usize,
+    plain_tok_s: f64,
+    spec_tok_s: f64,
+    accepted_per_step: f64,
+    verify_share: f64,
+}
+
+impl Row {
+    const HEADER: &'static str = "model,draft,proposer,backend,adapter,k,plain_tok_s,spec_tok_s,\
+                                  accepted_per_step,verify_share";
+
+    fn csv(&self) -> String {
+        format!(
+            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{:.4}",
+            self.model,
+            self.draft,
+            self.proposer,
+            self.backend,
+            self.adapter.replace('"', "'"),
+            self.k,
+            self.plain_tok_s,
+            self.spec_tok_s,
+            self.accepted_per_step,
+            self.verify_share
+        )
+    }
+
+    /// Appends the row, writing the header first when the file is new or empty.
+    fn append(&self, path: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let new = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        if new {
+            writeln!(f, "{}", Self::HEADER)?;
+        }
+        writeln!(f, "{}", self.csv())
+    }
+}

@@ -1,0 +1,48 @@
+// Declarations shared by the model kernels (model_*.wgsl); prefixed to each of them, since WGSL
+// has no includes.
+//
+// `Params` mirrors `ModelParams` in src/models/gpu/kernels.rs field for field (16 words, 64
+// bytes). One struct serves every model kernel; each reads the fields it needs, the rest are 0.
+// Offsets and strides count f32 elements, not bytes.
+struct Params {
+    // Activation rows (positions) of this chunk: M ≤ 16.
+    rows: u32,
+    // Input width: K of a matmul, the hidden width of embed / rmsnorm, the element count of swiglu.
+    width: u32,
+    // Output rows of this weight part (matmul, embed).
+    out_rows: u32,
+    // First weight row of this part in the whole matrix.
+    row_base: u32,
+    // Element offset of input row 0 (matmul: a multiple of 4).
+    in_offset: u32,
+    // Element offset of output row 0.
+    out_offset: u32,
+    // Elements between consecutive output rows.
+    out_stride: u32,
+    // Sequence position of row 0.
+    pos: u32,
+    // Query heads (rope: the heads of the rotated buffer).
+    heads: u32,
+    // Key/value heads.
+    kv_heads: u32,
+    // Width of one head.
+    head_dim: u32,
+    // Elements between the score rows of the attention scratch.
+    scratch_stride: u32,
+    // Index of this chunk's first token in the token buffer.
+    token_base: u32,
+    // Rope pairing: 0 adjacent pairs (x[2i], x[2i+1]), 1 rotate halves (x[i], x[i + d/2]).
+    style: u32,
+    // RMSNorm epsilon.
+    eps: f32,
+    // Attention score scale 1/sqrt(head_dim).
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+
+// The linear index of this workgroup in a 2-D grid (dispatches wider than
+// max_compute_workgroups_per_dimension spill into y).
+fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.y * nwg.x + wid.x;
+}

@@ -1,0 +1,451 @@
+//! The decode loop on the GPU: the target (and the draft model, when there is one) forward on
+//! the GPU through [`GpuSequence`], and the verifier reads the target's logits in place, in the
+//! same command encoder. Per decode step only token ids cross to the host: the drafted ids (a few
+//! bytes per draft token, so the host can hand them to the verifier and the n-gram table) and
+//! the verifier's emitted tokens. Logits never leave the GPU.
+//!
+//! One step, with `L` tokens committed and the last of them (`pending`) not yet in the caches:
+//!
+//! ```text
+//! propose  : draft model: k × (draft forward of one token → verifier samples / takes the argmax
+//!            of its row; the row is copied into the q buffer when drafts are sampled)
+//!            n-gram: a lookup in the committed tokens, nothing on the GPU
+//! score    : target forward of [pending, d_1 .. d_k] → k + 1 logits rows on the GPU
+//! verify   : Verifier::record over those rows (same encoder), one small readback
+//! commit   : append the emitted tokens, truncate both KV caches to what was kept
+//! ```
+//!
+//! Plain decoding ([`GpuDecoder::generate_plain`]) is the same loop with no drafts, so the two are
+//! measured with the same kernels; and because each position's logits are the same bits however
+//! many rows a call scores, greedy speculative output equals greedy plain output exactly.
+
+use super::{GpuModelError, GpuSequence};
+use crate::speculative::{Metrics, NgramProposer, StopReason};
+use crate::{Draft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier};
+use std::time::Instant;
+
+/// Where a step's drafts come from.
+#[derive(Debug)]
+pub enum GpuProposer {
+    /// No drafts: plain decoding.
+    None,
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    /// last n-gram (no model, no GPU work).
+    Ngram(NgramProposer),
+    /// A draft model on the same device (a smaller model, or a layer-skip copy of the target),
+    /// greedy at temperature 0, else sampled from its processed distribution at the request's
+    /// temperature and controls, its rows kept on the GPU as the verifier's `q`.
+    Model(Box<GpuSequence>),
+}
+
+/// Settings of [`GpuDecoder`].
+#[derive(Clone, Debug)]
+pub struct GpuDecodeConfig {
+    /// Drafts per step (`k`), at most [`super::MAX_ROWS`] − 1.
+    pub num_drafts: usize,
+    /// End-of-sequence ids: generation stops after emitting one (it is kept).
+    pub eos: Vec<u32>,
+    /// Conditional acceptance rates per draft position for [`crate::Rule::Synthetic`] requests
+    /// (benchmarks with random weights); ignored by the other rules.
+    pub synthetic_rates: Option<Vec<f32>>,
+}
+
+impl Default for GpuDecodeConfig {
+    fn default() -> Self {
+        GpuDecodeConfig {
+            num_drafts: 4,
+            eos: Vec::new(),
+            synthetic_rates: None,
+        }
+    }
+}
+
+/// The outcome of [`GpuDecoder::generate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuGeneration {
+    /// The generated tokens (prompt excluded).
+    pub tokens: Vec<u32>,
+    /// Why it stopped.
+    pub stop: StopReason,
+}
+
+/// Speculative decoding of one sequence with the target model on the GPU (see the module
+/// documentation for one step). The verifier must run on the models' device
+/// ([`Verifier::with_device`] with [`super::GpuModel::device`] / `queue`).
+pub struct GpuDecoder<'v> {
+    verifier: &'v Verifier,
+    target: GpuSequence,
+    proposer: GpuProposer,
+    config: GpuDecodeConfig,
+    /// Draft logits rows (`k × V` f32) when drafts are sampled: the verifier's `q`.
+    q_rows: Option<wgpu::Buffer>,
+    metrics: Metrics,
+}
+
+/// The seed of draft sampling, kept apart from the verifier's stream for the same request so
+/// that the draft's choices and the acceptance tests are independent (SPEC §5 keys every draw
+/// by seed and position).
+fn draft_seed(seed: u64) -> u64 {
+    seed ^ 0xd1b5_4a32_d192_ed03
+}
+
+impl<'v> GpuDecoder<'v> {
+    /// A decoder over `target` (an empty sequence) with `proposer`; the verifier must share the
+    /// target's device.
+    pub fn new(
+        verifier: &'v Verifier,
+        target: GpuSequence,
+        proposer: GpuProposer,
+        config: GpuDecodeConfig,
+    ) -> Result<GpuDecoder<'v>, GpuModelError> {
+        let Some((device, _)) = verifier.device() else {
+            return Err(GpuModelError::Invalid(
+                "the GPU decoder needs a GPU verifier on the model's device \
+                 (Verifier::with_device(model.device().clone(), model.queue().clone(), ..))"
+                    .into(),
+            ));
+        };
+        if device != target.model().device() {
+            return Err(GpuModelError::Invalid(
+                "the verifier runs on another device than the target model: build it with \
+                 Verifier::with_device on the model's device and queue"
+                    .into(),
+            ));
+        }
+        if config.num_drafts + 1 > super::MAX_ROWS {
+            return Err(GpuModelError::Invalid(format!(
+                "num_drafts {} is more than the forward scores at once ({} rows = k + 1)",
+                config.num_drafts,
+                super::MAX_ROWS
+            )));
+        }
+        if let GpuProposer::Model(draft) = &proposer {
+            let (d, t) = (draft.model().config(), target.model().config());
+            if d.vocab_size != t.vocab_size {
+                return Err(GpuModelError::Invalid(format!(
+                    "the draft's vocabulary ({}) differs from the target's ({})",
+                    d.vocab_size, t.vocab_size
+                )));
+            }
+            if draft.model().device() != target.model().device() {
+                return Err(GpuModelError::Invalid(
+                    "the draft model lives on another device than the target".into(),
+                ));
+            }
+        }
+        if !target.is_empty() {
+            return Err(GpuModelError::Invalid(
+                "the target sequence must be empty: the decoder owns its cache".into(),
+            ));
+        }
+        Ok(GpuDecoder {
+            verifier,
+            target,
+            proposer,
+            config,
+            q_rows: None,
+            metrics: Metrics::default(),
+        })
+    }
+
+    /// What was counted since the decoder was made or [`GpuDecoder::reset_metrics`].
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Clears the counters.
+    pub fn reset_metrics(&mut self) {
+        self.metrics = Metrics::default();
+    }
+
+    /// Generates up to `max_new_tokens` after `prompt` (caches are reset first).
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: SamplingParams,
+        max_new_tokens: usize,
+    ) -> Result<GpuGeneration, GpuModelError> {
+        if prompt.is_empty() {
+            return Err(GpuModelError::Invalid("the prompt is empty".into()));
+        }
+        let start = Instant::now();
+        // One seed for the whole generation (positions tell its draws apart), so a sampled run
+        // is one stream of SPEC §5 randomness; drawn from the clock when the caller gave none.
+        let mut params = params;
+        if params.seed.is_none() {
+            params.seed = Some(clock_seed());
+        }
+        let mut seq = Committed::new(prompt);
+        self.prefill(prompt)?;
+        let mut out = Vec::new();
+        let stop = loop {
+            if out.len() >= max_new_tokens {
+                break StopReason::MaxLen;
+            }
+            let cap = (max_new_tokens - out.len())
+                .saturating_sub(1)
+                .min(self.config.num_drafts);
+            let emitted = self.step(&mut seq, &params, cap)?;
+            let mut stop = None;
+            for &t in &emitted {
+                if out.len() >= max_new_tokens {
+                    stop = Some(StopReason::MaxLen);
+                    break;
+                }
+                out.push(t);
+                self.metrics.appended += 1;
+                if self.config.eos.contains(&t) {
+                    stop = Some(StopReason::Eos);
+                    break;
+                }
+            }
+            if let Some(s) = stop {
+                break s;
+            }
+        };
+        self.metrics.elapsed += start.elapsed();
+        Ok(GpuGeneration { tokens: out, stop })
+    }
+
+    /// Feeds all prompt tokens but the last to the target (and the draft model); the last one is
+    /// scored in the first step.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(), GpuModelError> {
+        self.target.truncate(0)?;
+        if let GpuProposer::Model(d) = &mut self.proposer {
+            d.truncate(0)?;
+        }
+        let head = &prompt[..prompt.len() - 1];
+        for chunk in head.chunks(super::MAX_ROWS) {
+            self.forward_only(chunk)?;
+        }
+        // Wait for the prompt here, so that the first step's time is the step's alone.
+        let device = self.target.model().device();
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuModelError::Invalid(format!("waiting for the prompt: {e}")))?;
+        Ok(())
+    }
+}
+
+/// The committed tokens of the sequence being decoded, and how far each cache has consumed them.
+struct Committed {
+    tokens: Vec<u32>,
+}
+
+impl Committed {
+    fn new(prompt: &[u32]) -> Self {
+        Committed {
+            tokens: prompt.to_vec(),
+        }
+    }
+}
+
+impl<'v> GpuDecoder<'v> {
+    fn queue(&self) -> &wgpu::Queue {
+        self.target.model().queue()
+    }
+
+    fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.target
+            .model()
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+
+    /// Appends `tokens` to the target and the draft model without reading anything back.
+    fn forward_only(&mut self, tokens: &[u32]) -> Result<(), GpuModelError> {
+        let mut enc = self.encoder("specdec.decode prefill");
+        self.target.record(&mut enc, tokens, 1)?;
+        if let GpuProposer::Model(d) = &mut self.proposer {
+            d.record(&mut enc, tokens, 1)?;
+        }
+        self.queue().submit([enc.finish()]);
+        Ok(())
+    }
+
+    /// One decode step (module documentation): returns the emitted tokens, already appended to
+    /// `seq`, with both caches truncated to what was kept.
+    fn step(
+        &mut self,
+        seq: &mut Committed,
+        params: &SamplingParams,
+        cap: usize,
+    ) -> Result<Vec<u32>, GpuModelError> {
+        let t0 = Instant::now();
+        let drafts = self.propose(seq, params, cap)?;
+        let t1 = Instant::now();
+        let len = seq.tokens.len();
+        let pending = seq.tokens[len - 1];
+        let mut input = Vec::with_capacity(drafts.len() + 1);
+        input.push(pending);
+        input.extend_from_slice(&drafts);
+        let draft_ids: Vec<i32> = drafts.iter().map(|&d| d as i32).collect();
+        let sampled_q = matches!(self.proposer, GpuProposer::Model(_)) && params.temperature > 0.0;
+        let vocab = self.target.model().config().vocab_size;
+        let request = Request {
+            num_drafts: drafts.len() as u32,
+            params: *params,
+            position: len as u64,
+        };
+        let rates = self
+            .config
+            .synthetic_rates
+            .as_deref()
+            .map(|r| &r[..drafts.len().min(r.len())]);
+        let mut enc = self.encoder("specdec.decode step");
+        let logits = self.target.record(&mut enc, &input, input.len())?;
+        let q = match (&self.q_rows, sampled_q && !drafts.is_empty()) {
+            (Some(q), true) => Draft::Logits(GpuRows::f32(q, 0)),
+            _ => Draft::OneHot,
+        };
+        let pending_verify = self.verifier.record(
+            &mut enc,
+            &GpuVerifyBatch {
+                vocab_size: vocab as u32,
+                requests: &[request],
+                draft_token_ids: &draft_ids,
+                target_logits: logits.gpu_rows(),
+                draft: q,
+                draft_vocab_size: None,
+                synthetic_rates: rates,
+            },
+        )?;
+        self.queue().submit([enc.finish()]);
+        let out = self.verifier.read_blocking(pending_verify)?;
+        let t2 = Instant::now();
+        let accepted = out.accepted(0);
+        let emitted: Vec<u32> = out.emitted(0).iter().map(|&t| t as u32).collect();
+        self.metrics.target_calls += 1;
+        self.metrics.verify_calls += 1;
+        self.metrics.record_step(drafts.len(), accepted);
+        self.metrics.propose_time += t1 - t0;
+        self.metrics.score_time += t2 - t1;
+        // Keep everything committed but the new pending token in the caches.
+        seq.tokens.extend_from_slice(&emitted);
+        let keep = seq.tokens.len() - 1;
+        self.target.truncate(keep)?;
+        if let GpuProposer::Model(d) = &mut self.proposer {
+            let l = d.len().min(keep);
+            d.truncate(l)?;
+        }
+        Ok(emitted)
+    }
+}
+
+impl<'v> GpuDecoder<'v> {
+    /// Up to `cap` drafts for the next positions of `seq`.
+    fn propose(
+        &mut self,
+        seq: &Committed,
+        params: &SamplingParams,
+        cap: usize,
+    ) -> Result<Vec<u32>, GpuModelError> {
+        match &mut self.proposer {
+            GpuProposer::None => Ok(Vec::new()),
+            GpuProposer::Ngram(n) => Ok(n.lookup(&seq.tokens, cap).to_vec()),
+            GpuProposer::Model(_) => self.propose_with_model(seq, params, cap),
+        }
+    }
+
+    /// Draft-model drafts: each draft token is one draft forward and a 0-draft verifier request
+    /// over its row (the argmax at temperature 0, else a sample of the processed distribution
+    /// under the draft's own seed), then a 4-byte readback of the token; sampled drafts also copy
+    /// the row into the q buffer for the verification.
+    fn propose_with_model(
+        &mut self,
+        seq: &Committed,
+        params: &SamplingParams,
+        cap: usize,
+    ) -> Result<Vec<u32>, GpuModelError> {
+        let vocab = self.target.model().config().vocab_size;
+        let row_bytes = (vocab * 4) as u64;
+        let sampled = params.temperature > 0.0;
+        if sampled && self.q_rows.is_none() {
+            let device = self.target.model().device().clone();
+            let k = self.config.num_drafts.max(1);
+            self.q_rows = Some(crate::gpu::scoped(&device, || {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("specdec.decode q rows"),
+                    size: row_bytes * k as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })?);
+        }
+        let mut draft_params = *params;
+        draft_params.seed = params.seed.map(draft_seed);
+        // The draft samples its own token; a synthetic target rule has no meaning there.
+        if draft_params.rule == crate::Rule::Synthetic {
+            draft_params.rule = crate::Rule::Exact;
+        }
+        let len = seq.tokens.len();
+        let mut drafts = Vec::with_capacity(cap);
+        for i in 0..cap {
+            let GpuProposer::Model(d) = &mut self.proposer else {
+                unreachable!("propose_with_model is called for a draft model");
+            };
+            let feed: Vec<u32> = if i == 0 {
+                seq.tokens[d.len()..].to_vec()
+            } else {
+                vec![drafts[i - 1]]
+            };
+            let mut enc = self.target.model().device().create_command_encoder(
+                &wgpu::CommandEncoderDescriptor {
+                    label: Some("specdec.decode draft"),
+                },
+            );
+            let (head, last) = split_last_chunk(&feed);
+            for chunk in head.chunks(super::MAX_ROWS) {
+                d.record(&mut enc, chunk, 1)?;
+            }
+            let logits = d.record(&mut enc, last, 1)?;
+            let request = Request {
+                num_drafts: 0,
+                params: draft_params,
+                position: (len + i) as u64,
+            };
+            let pending = self.verifier.record(
+                &mut enc,
+                &GpuVerifyBatch {
+                    vocab_size: vocab as u32,
+                    requests: &[request],
+                    draft_token_ids: &[],
+                    target_logits: logits.gpu_rows(),
+                    draft: Draft::OneHot,
+                    draft_vocab_size: None,
+                    synthetic_rates: None,
+                },
+            )?;
+            if let (true, Some(q)) = (sampled, &self.q_rows) {
+                enc.copy_buffer_to_buffer(logits.buffer, 0, q, i as u64 * row_bytes, row_bytes);
+            }
+            self.target.model().queue().submit([enc.finish()]);
+            let out = self.verifier.read_blocking(pending)?;
+            drafts.push(out.emitted(0)[0] as u32);
+        }
+        Ok(drafts)
+    }
+}
+
+/// `feed` as the tokens before its last `MAX_ROWS`-sized chunk and that chunk (never empty when
+/// `feed` is not), so the last forward call of a feed is the one whose row is read.
+fn split_last_chunk(feed: &[u32]) -> (&[u32], &[u32]) {
+    let n = feed.len();
+    let tail = match n % super::MAX_ROWS {
+        0 => super::MAX_ROWS.min(n),
+        r => r,
+    };
+    feed.split_at(n - tail)
+}
+
+/// A seed for a generation whose parameters name none.
+fn clock_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64's finaliser, so nearby clock readings give unrelated seeds.
+    let mut z = nanos.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

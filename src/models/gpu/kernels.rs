@@ -1,0 +1,266 @@
+//! The model kernels: one WGSL file per kernel (`shaders/model_<kernel>.wgsl`, each prefixed with
+//! `shaders/model_common.wgsl`), one pipeline label `specdec.model_<kernel>`, explicit bind group
+//! layouts, and the parameter block they share.
+
+use crate::gpu::{layout_entry, storage};
+
+/// Declarations shared by the model kernels (the `Params` block, the 2-D grid index).
+pub const MODEL_COMMON: &str = include_str!("../../../shaders/model_common.wgsl");
+
+/// The parameter block of one dispatch (the WGSL `Params` of `shaders/model_common.wgsl`, field
+/// for field). Offsets and strides count f32 elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ModelParams {
+    pub rows: u32,
+    pub width: u32,
+    pub out_rows: u32,
+    pub row_base: u32,
+    pub in_offset: u32,
+    pub out_offset: u32,
+    pub out_stride: u32,
+    pub pos: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub scratch_stride: u32,
+    pub token_base: u32,
+    pub style: u32,
+    pub eps: f32,
+    pub scale: f32,
+}
+
+/// A model kernel: one WGSL file, one pipeline label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModelKernel {
+    /// Token ids → rows of the Q8_0 embedding table (`shaders/model_embed.wgsl`).
+    Embed,
+    /// RMSNorm of each row (`shaders/model_rmsnorm.wgsl`).
+    RmsNorm,
+    /// Weight-stationary Q8_0 matmul with optional bias and residual
+    /// (`shaders/model_matmul_q8.wgsl`).
+    MatmulQ8,
+    /// Rotary position embedding in place (`shaders/model_rope.wgsl`).
+    Rope,
+    /// Causal grouped-query attention over the cache (`shaders/model_attention.wgsl`).
+    Attention,
+    /// `silu(gate) · up` over the stacked gate/up output (`shaders/model_swiglu.wgsl`).
+    Swiglu,
+}
+
+impl ModelKernel {
+    /// Every model kernel.
+    pub const ALL: [ModelKernel; 6] = [
+        ModelKernel::Embed,
+        ModelKernel::RmsNorm,
+        ModelKernel::MatmulQ8,
+        ModelKernel::Rope,
+        ModelKernel::Attention,
+        ModelKernel::Swiglu,
+    ];
+
+    /// The file stem: `model_<kernel>`, also the pipeline label after `specdec.`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKernel::Embed => "model_embed",
+            ModelKernel::RmsNorm => "model_rmsnorm",
+            ModelKernel::MatmulQ8 => "model_matmul_q8",
+            ModelKernel::Rope => "model_rope",
+            ModelKernel::Attention => "model_attention",
+            ModelKernel::Swiglu => "model_swiglu",
+        }
+    }
+
+    /// The kernel's own source (without [`MODEL_COMMON`]).
+    pub fn body(self) -> &'static str {
+        match self {
+            ModelKernel::Embed => include_str!("../../../shaders/model_embed.wgsl"),
+            ModelKernel::RmsNorm => include_str!("../../../shaders/model_rmsnorm.wgsl"),
+            ModelKernel::MatmulQ8 => include_str!("../../../shaders/model_matmul_q8.wgsl"),
+            ModelKernel::Rope => include_str!("../../../shaders/model_rope.wgsl"),
+            ModelKernel::Attention => include_str!("../../../shaders/model_attention.wgsl"),
+            ModelKernel::Swiglu => include_str!("../../../shaders/model_swiglu.wgsl"),
+        }
+    }
+
+    /// The full WGSL source: [`MODEL_COMMON`] then [`ModelKernel::body`].
+    pub fn source(self) -> String {
+        format!("{MODEL_COMMON}\n{}", self.body())
+    }
+
+    /// The storage bindings after the params slot (binding 0), in order: `true` = read-only.
+    fn storage_bindings(self) -> &'static [bool] {
+        match self {
+            ModelKernel::Embed => &[true, true, true, false],
+            ModelKernel::RmsNorm => &[true, true, false],
+            ModelKernel::MatmulQ8 => &[true, true, true, true, false],
+            ModelKernel::Rope => &[true, false],
+            ModelKernel::Attention => &[true, true, true, false, false],
+            ModelKernel::Swiglu => &[true, false],
+        }
+    }
+}
+
+/// A pipeline: a kernel and its specialisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Pipe {
+    Embed,
+    RmsNorm,
+    /// `Y = X·Wᵀ`.
+    Matmul,
+    /// `Y = X·Wᵀ + bias`.
+    MatmulBias,
+    /// `Y += X·Wᵀ`.
+    MatmulResidual,
+    Rope,
+    Attention,
+    Swiglu,
+}
+
+impl Pipe {
+    const ALL: [Pipe; 8] = [
+        Pipe::Embed,
+        Pipe::RmsNorm,
+        Pipe::Matmul,
+        Pipe::MatmulBias,
+        Pipe::MatmulResidual,
+        Pipe::Rope,
+        Pipe::Attention,
+        Pipe::Swiglu,
+    ];
+
+    pub(crate) fn kernel(self) -> ModelKernel {
+        match self {
+            Pipe::Embed => ModelKernel::Embed,
+            Pipe::RmsNorm => ModelKernel::RmsNorm,
+            Pipe::Matmul | Pipe::MatmulBias | Pipe::MatmulResidual => ModelKernel::MatmulQ8,
+            Pipe::Rope => ModelKernel::Rope,
+            Pipe::Attention => ModelKernel::Attention,
+            Pipe::Swiglu => ModelKernel::Swiglu,
+        }
+    }
+
+    fn constants(self, lanes: u32, unrolled: bool) -> Vec<(&'static str, f64)> {
+        let shape = [
+            ("LANES", f64::from(lanes)),
+            ("ROWS_PER_WG", f64::from(MATMUL_WG / lanes)),
+            ("WG", f64::from(MATMUL_WG)),
+            ("UNROLLED", f64::from(u8::from(unrolled))),
+        ];
+        match self {
+            Pipe::Matmul => shape.to_vec(),
+            Pipe::MatmulBias => [&shape[..], &[("HAS_BIAS", 1.0)]].concat(),
+            Pipe::MatmulResidual => [&shape[..], &[("RESIDUAL", 1.0)]].concat(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Invocations of a matmul workgroup: `LANES` lanes × `256 / LANES` output rows.
+pub(crate) const MATMUL_WG: u32 = 256;
+
+/// The lanes per output row the matmul uses when the options name none: 32 on GPUs (a warp's
+/// coalesced read of 32 consecutive blocks), 4 on CPU adapters such as lavapipe, where every
+/// idle lane and every extra workgroup costs (a K of 576 has only 18 blocks per row).
+pub(crate) fn default_lanes(device: &wgpu::Device) -> u32 {
+    match device.adapter_info().device_type {
+        wgpu::DeviceType::Cpu => 4,
+        _ => 32,
+    }
+}
+
+/// The pipelines and bind group layouts of the model kernels on one device, built once per
+/// [`super::GpuModel`] and shared by all its sequences.
+#[derive(Debug)]
+pub(crate) struct Pipelines {
+    layouts: Vec<(ModelKernel, wgpu::BindGroupLayout)>,
+    pipelines: Vec<(Pipe, wgpu::ComputePipeline)>,
+    /// Lanes per output row of the matmul (a power of two, 1 to 32).
+    pub lanes: u32,
+}
+
+impl Pipelines {
+    /// Compiles every kernel, the matmul with `lanes` lanes per output row and named
+    /// accumulators when `unrolled`; call inside an error scope.
+    pub(crate) fn new(device: &wgpu::Device, lanes: u32, unrolled: bool) -> Pipelines {
+        let mut layouts = Vec::new();
+        let mut modules = Vec::new();
+        for kernel in ModelKernel::ALL {
+            let label = format!("specdec.{}", kernel.name());
+            let uniform = wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: std::num::NonZeroU64::new(
+                    std::mem::size_of::<ModelParams>() as u64
+                ),
+            };
+            let mut entries = vec![layout_entry(0, uniform)];
+            for (i, &ro) in kernel.storage_bindings().iter().enumerate() {
+                entries.push(layout_entry(i as u32 + 1, storage(ro)));
+            }
+            let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(&label),
+                entries: &entries,
+            });
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+            });
+            layouts.push((kernel, layout));
+            modules.push((kernel, module));
+        }
+        let mut pipelines = Vec::new();
+        for pipe in Pipe::ALL {
+            let kernel = pipe.kernel();
+            let label = format!("specdec.{}", kernel.name());
+            let layout = &layouts.iter().find(|(k, _)| *k == kernel).expect("built").1;
+            let module = &modules.iter().find(|(k, _)| *k == kernel).expect("built").1;
+            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(&label),
+                bind_group_layouts: &[Some(layout)],
+                immediate_size: 0,
+            });
+            let constants = pipe.constants(lanes, unrolled);
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: Some(&pl),
+                module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+            pipelines.push((pipe, pipeline));
+        }
+        Pipelines {
+            layouts,
+            pipelines,
+            lanes,
+        }
+    }
+
+    pub(crate) fn layout(&self, kernel: ModelKernel) -> &wgpu::BindGroupLayout {
+        &self
+            .layouts
+            .iter()
+            .find(|(k, _)| *k == kernel)
+            .expect("every kernel has a layout")
+            .1
+    }
+
+    /// Output rows per matmul workgroup.
+    pub(crate) fn matmul_rows_per_wg(&self) -> usize {
+        (MATMUL_WG / self.lanes) as usize
+    }
+
+    pub(crate) fn pipeline(&self, pipe: Pipe) -> &wgpu::ComputePipeline {
+        &self
+            .pipelines
+            .iter()
+            .find(|(p, _)| *p == pipe)
+            .expect("every pipe is built")
+            .1
+    }
+}

@@ -1,0 +1,804 @@
+//! One sequence on the GPU: activations, a truncatable KV cache and the logits rows, recorded
+//! into the caller's command encoder.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use super::kernels::{ModelKernel, ModelParams, Pipe};
+use super::weights::{GpuBlock, GpuMatrix, GpuModel};
+use super::GpuModelError;
+use crate::models::{ModelError, RopeStyle};
+use crate::GpuRows;
+
+/// Positions one chunk of a forward call processes at once: the weight-stationary matmul keeps
+/// this many accumulators per lane. Longer calls run in chunks of this many rows, with the same
+/// bits per row (every kernel's reduction order is independent of the row count).
+pub const MAX_ROWS: usize = 16;
+
+/// Invocations of the elementwise kernels' workgroups.
+const WG: usize = 64;
+/// First KV capacity (positions); it doubles as needed up to the context length.
+const FIRST_CAPACITY: usize = 64;
+
+/// A matrix of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Mat {
+    Q,
+    K,
+    V,
+    O,
+    /// Gate and up stacked.
+    GateUp,
+    Down,
+}
+
+/// A bind group of a sequence: which kernel over which buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Group {
+    /// Embedding part.
+    Embed(usize),
+    AttnNorm(usize),
+    FfnNorm(usize),
+    FinalNorm,
+    /// (layer, matrix, part).
+    Mat(usize, Mat, usize),
+    /// Output head part.
+    Head(usize),
+    RopeQ,
+    RopeK(usize),
+    Attention(usize),
+    Swiglu,
+}
+
+/// One recorded dispatch: its pipeline, bind group, params slot and grid.
+struct Dispatch {
+    pipe: Pipe,
+    group: Group,
+    slot: u32,
+    grid: (u32, u32),
+}
+
+/// The activation buffers, `MAX_ROWS` rows each.
+#[derive(Debug)]
+struct Activations {
+    /// Residual stream `[rows, hidden]`.
+    x: wgpu::Buffer,
+    /// Normed stream `[rows, hidden]`.
+    h: wgpu::Buffer,
+    /// Queries `[rows, heads · head_dim]`.
+    q: wgpu::Buffer,
+    /// Attention output `[rows, heads · head_dim]`.
+    att: wgpu::Buffer,
+    /// Gate and up side by side `[rows, 2·ffn]`.
+    gu: wgpu::Buffer,
+    /// Their SwiGLU product `[rows, ffn]`.
+    a: wgpu::Buffer,
+}
+
+/// The logits of the last forward call on the GPU: `rows × vocab` f32, row-major, from byte 0
+/// of `buffer` (valid until the sequence's next forward).
+#[derive(Clone, Copy, Debug)]
+pub struct GpuLogits<'a> {
+    /// The sequence's logits buffer (`STORAGE | COPY_SRC`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Rows written: one per scored position.
+    pub rows: usize,
+    /// Columns of a row.
+    pub vocab: usize,
+}
+
+impl<'a> GpuLogits<'a> {
+    /// The rows as the verifier takes them ([`crate::GpuVerifyBatch::target_logits`]).
+    pub fn gpu_rows(&self) -> GpuRows<'a> {
+        GpuRows::f32(self.buffer, 0)
+    }
+}
+
+/// A sequence being decoded on the GPU over a shared [`GpuModel`]: its own KV cache, activation
+/// buffers and logits rows. `record` appends tokens and writes the logits of every appended
+/// position into a GPU buffer, recorded into the caller's command encoder (so a verifier can read
+/// them in the same submission); `truncate` rolls the cache back by length.
+#[derive(Debug)]
+pub struct GpuSequence {
+    model: Arc<GpuModel>,
+    layers: usize,
+    len: usize,
+    capacity: usize,
+    act: Activations,
+    k_cache: Vec<wgpu::Buffer>,
+    v_cache: Vec<wgpu::Buffer>,
+    scratch: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    logits_rows: usize,
+    params: wgpu::Buffer,
+    tokens: wgpu::Buffer,
+    slot_bytes: u64,
+    groups: HashMap<Group, wgpu::BindGroup>,
+}
+
+fn buffer(
+    device: &wgpu::Device,
+    label: &str,
+    bytes: usize,
+    usage: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: (bytes as u64).max(16).next_multiple_of(16),
+        usage,
+        mapped_at_creation: false,
+    })
+}
+
+const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE;
+
+fn grid_2d(groups: usize, max_dim: u32) -> (u32, u32) {
+    let groups = groups.max(1) as u32;
+    let x = groups.min(max_dim);
+    (x, groups.div_ceil(x))
+}
+
+impl GpuSequence {
+    /// A fresh, empty sequence over every layer of `model`.
+    pub fn new(model: Arc<GpuModel>) -> Result<GpuSequence, GpuModelError> {
+        let layers = model.config.layers;
+        Self::with_layers(model, layers)
+    }
+
+    /// A layer-skip draft: the first `layers` blocks, then the final norm and the head.
+    pub fn with_layers(model: Arc<GpuModel>, layers: usize) -> Result<GpuSequence, GpuModelError> {
+        let c = model.config.clone();
+        if layers == 0 || layers > c.layers {
+            return Err(ModelError::BadLayerCount {
+                requested: layers,
+                available: c.layers,
+            }
+            .into());
+        }
+        let device = model.device.clone();
+        let limits = device.limits();
+        let slot_bytes = u64::from(limits.min_uniform_buffer_offset_alignment)
+            .max(std::mem::size_of::<ModelParams>() as u64);
+        let qd = c.heads * c.head_dim;
+        let seq = crate::gpu::scoped(&device, || {
+            let f =
+                |label: &str, width: usize| buffer(&device, label, MAX_ROWS * width * 4, STORAGE);
+            let act = Activations {
+                x: f("specdec.model x", c.hidden),
+                h: f("specdec.model h", c.hidden),
+                q: f("specdec.model q", qd),
+                att: f("specdec.model att", qd),
+                gu: f("specdec.model gate+up", 2 * c.ffn),
+                a: f("specdec.model act", c.ffn),
+            };
+            let placeholder = |label| buffer(&device, label, 16, STORAGE);
+            GpuSequence {
+                layers,
+                len: 0,
+                capacity: 0,
+                act,
+                k_cache: Vec::new(),
+                v_cache: Vec::new(),
+                scratch: placeholder("specdec.model scratch"),
+                logits: placeholder("specdec.model logits"),
+                logits_rows: 0,
+                params: buffer(
+                    &device,
+                    "specdec.model params",
+                    16,
+                    wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                ),
+                tokens: buffer(
+                    &device,
+                    "specdec.model tokens",
+                    16,
+                    STORAGE | wgpu::BufferUsages::COPY_DST,
+                ),
+                slot_bytes,
+                groups: HashMap::new(),
+                model: model.clone(),
+            }
+        })?;
+        Ok(seq)
+    }
+
+    /// Tokens in the cache (the position the next appended token takes).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Blocks this sequence runs.
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// The shared model.
+    pub fn model(&self) -> &Arc<GpuModel> {
+        &self.model
+    }
+
+    /// Keeps the first `len` positions and forgets the rest (their cache entries are overwritten
+    /// by the next forward). Growing is an error.
+    pub fn truncate(&mut self, len: usize) -> Result<(), GpuModelError> {
+        if len > self.len {
+            return Err(ModelError::TruncateBeyondLength {
+                requested: len,
+                len: self.len,
+            }
+            .into());
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// The logits of the last forward call (0 rows before the first).
+    pub fn logits(&self) -> GpuLogits<'_> {
+        GpuLogits {
+            buffer: &self.logits,
+            rows: self.logits_rows,
+            vocab: self.model.config.vocab_size,
+        }
+    }
+
+    /// Records into `encoder` the forward pass of `tokens` at positions `len()..len() +
+    /// tokens.len()` and returns where the logits of the last `rows` positions will be (`1 ≤
+    /// rows ≤ tokens.len()`; `rows = tokens.len()` scores every appended position, as a verifier
+    /// needs). The sequence counts the tokens as appended at once: submit the encoder before
+    /// reading the logits, and do not drop it unsubmitted (truncate back if you do).
+    /// Everything is checked on the host before anything is recorded.
+    pub fn record(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<GpuLogits<'_>, GpuModelError> {
+        let c = &self.model.config;
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput.into());
+        }
+        if rows == 0 || rows > tokens.len() {
+            return Err(ModelError::BadRowCount {
+                rows,
+                tokens: tokens.len(),
+            }
+            .into());
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                vocab_size: c.vocab_size,
+            }
+            .into());
+        }
+        if self.len + tokens.len() > c.context_length {
+            return Err(ModelError::ContextFull {
+                len: self.len,
+                appended: tokens.len(),
+                max: c.context_length,
+            }
+            .into());
+        }
+        let limits = self.model.device.limits();
+        let logit_bytes = (rows * c.vocab_size * 4) as u64;
+        if logit_bytes > limits.max_storage_buffer_binding_size {
+            return Err(GpuModelError::Invalid(format!(
+                "{rows} logits rows of {} need {logit_bytes} bytes, more than one storage binding \
+                 of this device ({}); score fewer rows per call",
+                c.vocab_size, limits.max_storage_buffer_binding_size
+            )));
+        }
+        let device = self.model.device.clone();
+        crate::gpu::scoped(&device, || self.record_checked(encoder, tokens, rows))??;
+        self.len += tokens.len();
+        self.logits_rows = rows;
+        Ok(self.logits())
+    }
+
+    fn record_checked(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<(), GpuModelError> {
+        let mut dirty = self.ensure_cache(encoder, self.len + tokens.len());
+        dirty |= self.ensure_logits(rows);
+        let (dispatches, params) = self.plan(tokens.len(), rows);
+        dirty |= self.ensure_uploads(params.len(), tokens.len());
+        if dirty || self.groups.is_empty() {
+            self.groups = self.build_groups();
+        }
+        let mut bytes = vec![0u8; params.len() * self.slot_bytes as usize];
+        for (i, p) in params.iter().enumerate() {
+            let at = i * self.slot_bytes as usize;
+            bytes[at..at + std::mem::size_of::<ModelParams>()]
+                .copy_from_slice(bytemuck::bytes_of(p));
+        }
+        let params_len = bytes.len() as u64;
+        bytes.extend_from_slice(bytemuck::cast_slice(tokens));
+        let device = &self.model.device;
+        // A buffer of this call, copied in encoder order: several recordings may share one
+        // submission without one's parameters overwriting another's (queue.write_buffer would
+        // land before all of them).
+        let staging = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("specdec.model params upload"),
+            contents: &bytes,
+            usage: wgpu::BufferUsages::COPY_SRC,
+        });
+        encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, params_len);
+        encoder.copy_buffer_to_buffer(
+            &staging,
+            params_len,
+            &self.tokens,
+            0,
+            (tokens.len() * 4) as u64,
+        );
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("specdec.model forward"),
+            timestamp_writes: None,
+        });
+        for d in &dispatches {
+            pass.set_pipeline(self.model.pipelines.pipeline(d.pipe));
+            let offset = (u64::from(d.slot) * self.slot_bytes) as u32;
+            pass.set_bind_group(0, &self.groups[&d.group], &[offset]);
+            pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
+        }
+        Ok(())
+    }
+
+    /// Grows the KV cache (and the attention scratch) to hold `needed` positions, copying the
+    /// cached prefix in `encoder`. True when buffers changed.
+    fn ensure_cache(&mut self, encoder: &mut wgpu::CommandEncoder, needed: usize) -> bool {
+        if needed <= self.capacity {
+            return false;
+        }
+        let c = &self.model.config;
+        let cap = needed
+            .next_power_of_two()
+            .max(FIRST_CAPACITY)
+            .min(c.context_length);
+        let kvd = c.kv_heads * c.head_dim;
+        let device = &self.model.device;
+        let usage = STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let keep = (self.len * kvd * 4) as u64;
+        for (caches, what) in [(&mut self.k_cache, "k"), (&mut self.v_cache, "v")] {
+            let fresh: Vec<wgpu::Buffer> = (0..self.layers)
+                .map(|l| {
+                    buffer(
+                        device,
+                        &format!("specdec.model {what} cache {l}"),
+                        cap * kvd * 4,
+                        usage,
+                    )
+                })
+                .collect();
+            if keep > 0 {
+                for (old, new) in caches.iter().zip(&fresh) {
+                    encoder.copy_buffer_to_buffer(old, 0, new, 0, keep);
+                }
+            }
+            *caches = fresh;
+        }
+        self.scratch = buffer(
+            device,
+            "specdec.model attention scratch",
+            MAX_ROWS * c.heads * cap * 4,
+            STORAGE,
+        );
+        self.capacity = cap;
+        true
+    }
+
+    fn ensure_logits(&mut self, rows: usize) -> bool {
+        let vocab = self.model.config.vocab_size;
+        if (rows * vocab * 4) as u64 <= self.logits.size() {
+            return false;
+        }
+        self.logits = buffer(
+            &self.model.device,
+            "specdec.model logits",
+            rows.max(MAX_ROWS) * vocab * 4,
+            STORAGE | wgpu::BufferUsages::COPY_SRC,
+        );
+        true
+    }
+
+    fn ensure_uploads(&mut self, slots: usize, tokens: usize) -> bool {
+        let device = &self.model.device;
+        let mut dirty = false;
+        let slot_need = slots as u64 * self.slot_bytes;
+        if slot_need > self.params.size() {
+            self.params = buffer(
+                device,
+                "specdec.model params",
+                slot_need.next_power_of_two() as usize,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            );
+            dirty = true;
+        }
+        if (tokens * 4) as u64 > self.tokens.size() {
+            self.tokens = buffer(
+                device,
+                "specdec.model tokens",
+                (tokens * 4).next_power_of_two(),
+                STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            dirty = true;
+        }
+        dirty
+    }
+}
+
+/// Collects the parameter blocks of a call, one slot per distinct block (a chunk's blocks are the
+/// same for every layer, so a call needs ~16 slots per chunk, not one per dispatch).
+#[derive(Default)]
+struct Slots(Vec<ModelParams>);
+
+impl Slots {
+    fn slot(&mut self, p: ModelParams) -> u32 {
+        let i = match self.0.iter().position(|q| *q == p) {
+            Some(i) => i,
+            None => {
+                self.0.push(p);
+                self.0.len() - 1
+            }
+        };
+        i as u32
+    }
+}
+
+/// Builds the dispatch list of one call, chunk by chunk.
+struct Planner<'a> {
+    model: &'a GpuModel,
+    max_dim: u32,
+    out: Vec<Dispatch>,
+    slots: Slots,
+    /// The current chunk's shared parameters (rows, position, head shape, epsilon).
+    base: ModelParams,
+}
+
+impl Planner<'_> {
+    fn push(&mut self, pipe: Pipe, group: Group, p: ModelParams, grid: (u32, u32)) {
+        let slot = self.slots.slot(p);
+        self.out.push(Dispatch {
+            pipe,
+            group,
+            slot,
+            grid,
+        });
+    }
+
+    /// `w` over the chunk's rows, one dispatch per part; `p` holds the input and output
+    /// placement.
+    fn matmul(
+        &mut self,
+        pipe: Pipe,
+        group: impl Fn(usize) -> Group,
+        w: &GpuMatrix,
+        p: ModelParams,
+    ) {
+        let per_wg = self.model.pipelines.matmul_rows_per_wg();
+        for (i, part) in w.parts.iter().enumerate() {
+            let p = ModelParams {
+                width: w.cols as u32,
+                out_rows: part.rows as u32,
+                row_base: part.row_base as u32,
+                ..p
+            };
+            let grid = grid_2d(part.rows.div_ceil(per_wg), self.max_dim);
+            self.push(pipe, group(i), p, grid);
+        }
+    }
+
+    /// Block `l` over the chunk's rows, whose first position is `pos`; the attention scratch
+    /// holds `capacity` scores per row.
+    fn layer(&mut self, l: usize, b: &GpuBlock, pos: usize, capacity: usize) {
+        let c = &self.model.config;
+        let base = self.base;
+        let n = base.rows as usize;
+        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let norm = ModelParams {
+            width: c.hidden as u32,
+            out_stride: c.hidden as u32,
+            ..base
+        };
+        let into = |offset: usize, stride: usize| ModelParams {
+            out_offset: offset as u32,
+            out_stride: stride as u32,
+            ..base
+        };
+        let qkv = if b.bias.is_some() {
+            Pipe::MatmulBias
+        } else {
+            Pipe::Matmul
+        };
+        self.push(Pipe::RmsNorm, Group::AttnNorm(l), norm, (n as u32, 1));
+        self.matmul(qkv, |i| Group::Mat(l, Mat::Q, i), &b.q, into(0, qd));
+        self.matmul(
+            qkv,
+            |i| Group::Mat(l, Mat::K, i),
+            &b.k,
+            into(pos * kvd, kvd),
+        );
+        self.matmul(
+            qkv,
+            |i| Group::Mat(l, Mat::V, i),
+            &b.v,
+            into(pos * kvd, kvd),
+        );
+        let style = match c.rope_style {
+            RopeStyle::AdjacentPairs => 0,
+            RopeStyle::RotateHalves => 1,
+        };
+        let half = c.head_dim / 2;
+        let rope_q = ModelParams {
+            style,
+            ..into(0, qd)
+        };
+        let rope_k = ModelParams {
+            heads: c.kv_heads as u32,
+            style,
+            ..into(pos * kvd, kvd)
+        };
+        let gq = ((n * c.heads * half).div_ceil(WG) as u32, 1);
+        let gk = ((n * c.kv_heads * half).div_ceil(WG) as u32, 1);
+        self.push(Pipe::Rope, Group::RopeQ, rope_q, gq);
+        self.push(Pipe::Rope, Group::RopeK(l), rope_k, gk);
+        let attention = ModelParams {
+            scratch_stride: capacity as u32,
+            scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+            ..base
+        };
+        let ga = (c.heads as u32, n as u32);
+        self.push(Pipe::Attention, Group::Attention(l), attention, ga);
+        let residual = Pipe::MatmulResidual;
+        self.matmul(
+            residual,
+            |i| Group::Mat(l, Mat::O, i),
+            &b.o,
+            into(0, c.hidden),
+        );
+        self.push(Pipe::RmsNorm, Group::FfnNorm(l), norm, (n as u32, 1));
+        let gate_up = |i| Group::Mat(l, Mat::GateUp, i);
+        self.matmul(Pipe::Matmul, gate_up, &b.gate_up, into(0, 2 * c.ffn));
+        let swiglu = ModelParams {
+            width: c.ffn as u32,
+            ..base
+        };
+        let gs = grid_2d((n * c.ffn).div_ceil(WG), self.max_dim);
+        self.push(Pipe::Swiglu, Group::Swiglu, swiglu, gs);
+        self.matmul(
+            residual,
+            |i| Group::Mat(l, Mat::Down, i),
+            &b.down,
+            into(0, c.hidden),
+        );
+    }
+}
+
+impl GpuSequence {
+    /// The dispatches of a call appending `t` tokens and scoring its last `rows`, and their
+    /// parameter blocks.
+    fn plan(&self, t: usize, rows: usize) -> (Vec<Dispatch>, Vec<ModelParams>) {
+        let m = &*self.model;
+        let c = &m.config;
+        let mut planner = Planner {
+            model: m,
+            max_dim: m.device.limits().max_compute_workgroups_per_dimension,
+            out: Vec::new(),
+            slots: Slots::default(),
+            base: ModelParams::default(),
+        };
+        let first_scored = t - rows;
+        for c0 in (0..t).step_by(MAX_ROWS) {
+            let n = MAX_ROWS.min(t - c0);
+            let pos = self.len + c0;
+            let base = ModelParams {
+                rows: n as u32,
+                pos: pos as u32,
+                heads: c.heads as u32,
+                kv_heads: c.kv_heads as u32,
+                head_dim: c.head_dim as u32,
+                eps: c.rms_eps as f32,
+                ..ModelParams::default()
+            };
+            planner.base = base;
+            for (i, part) in m.embedding.parts.iter().enumerate() {
+                let p = ModelParams {
+                    width: c.hidden as u32,
+                    out_rows: part.rows as u32,
+                    row_base: part.row_base as u32,
+                    out_stride: c.hidden as u32,
+                    token_base: c0 as u32,
+                    ..base
+                };
+                let grid = (c.hidden.div_ceil(WG) as u32, n as u32);
+                planner.push(Pipe::Embed, Group::Embed(i), p, grid);
+            }
+            for (l, b) in m.blocks[..self.layers].iter().enumerate() {
+                planner.layer(l, b, pos, self.capacity);
+            }
+            // The head runs on the scored rows of this chunk only.
+            let (lo, hi) = (first_scored.max(c0), c0 + n);
+            if lo < hi {
+                let norm = ModelParams {
+                    width: c.hidden as u32,
+                    out_stride: c.hidden as u32,
+                    ..base
+                };
+                planner.push(Pipe::RmsNorm, Group::FinalNorm, norm, (n as u32, 1));
+                let p = ModelParams {
+                    rows: (hi - lo) as u32,
+                    in_offset: ((lo - c0) * c.hidden) as u32,
+                    out_offset: ((lo - first_scored) * c.vocab_size) as u32,
+                    out_stride: c.vocab_size as u32,
+                    ..base
+                };
+                planner.matmul(Pipe::Matmul, Group::Head, m.head(), p);
+            }
+        }
+        (planner.out, planner.slots.0)
+    }
+
+    /// Every bind group of the sequence (rebuilt when a buffer it binds was replaced).
+    fn build_groups(&self) -> HashMap<Group, wgpu::BindGroup> {
+        let m = &*self.model;
+        let a = &self.act;
+        let mut groups = HashMap::new();
+        let mut add = |group: Group, kernel: ModelKernel, buffers: &[&wgpu::Buffer]| {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.params,
+                    offset: 0,
+                    size: std::num::NonZeroU64::new(std::mem::size_of::<ModelParams>() as u64),
+                }),
+            }];
+            for (i, b) in buffers.iter().enumerate() {
+                entries.push(crate::gpu::entry(i as u32 + 1, b));
+            }
+            let label = format!("specdec.{} {group:?}", kernel.name());
+            let bg = m.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&label),
+                layout: m.pipelines.layout(kernel),
+                entries: &entries,
+            });
+            groups.insert(group, bg);
+        };
+        for (i, p) in m.embedding.parts.iter().enumerate() {
+            add(
+                Group::Embed(i),
+                ModelKernel::Embed,
+                &[&self.tokens, &p.qs, &p.scales, &a.x],
+            );
+        }
+        for (i, p) in m.head().parts.iter().enumerate() {
+            let g = Group::Head(i);
+            add(
+                g,
+                ModelKernel::MatmulQ8,
+                &[&a.h, &p.qs, &p.scales, &m.dummy, &self.logits],
+            );
+        }
+        add(
+            Group::FinalNorm,
+            ModelKernel::RmsNorm,
+            &[&a.x, &m.output_norm, &a.h],
+        );
+        add(Group::RopeQ, ModelKernel::Rope, &[&m.rope_table, &a.q]);
+        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a]);
+        for (l, b) in m.blocks[..self.layers].iter().enumerate() {
+            let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
+            add(
+                Group::AttnNorm(l),
+                ModelKernel::RmsNorm,
+                &[&a.x, &b.attn_norm, &a.h],
+            );
+            add(
+                Group::FfnNorm(l),
+                ModelKernel::RmsNorm,
+                &[&a.x, &b.ffn_norm, &a.h],
+            );
+            add(Group::RopeK(l), ModelKernel::Rope, &[&m.rope_table, kc]);
+            let att = [&a.q, kc, vc, &self.scratch, &a.att];
+            add(Group::Attention(l), ModelKernel::Attention, &att);
+            let bias = |i: usize| b.bias.as_ref().map_or(&m.dummy, |bs| &bs[i]);
+            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 6] = [
+                (Mat::Q, &b.q, &a.h, bias(0), &a.q),
+                (Mat::K, &b.k, &a.h, bias(1), kc),
+                (Mat::V, &b.v, &a.h, bias(2), vc),
+                (Mat::O, &b.o, &a.att, &m.dummy, &a.x),
+                (Mat::GateUp, &b.gate_up, &a.h, &m.dummy, &a.gu),
+                (Mat::Down, &b.down, &a.a, &m.dummy, &a.x),
+            ];
+            for (which, w, input, bias, output) in mats {
+                for (i, p) in w.parts.iter().enumerate() {
+                    let bufs = [input, &p.qs, &p.scales, bias, output];
+                    add(Group::Mat(l, which, i), ModelKernel::MatmulQ8, &bufs);
+                }
+            }
+        }
+        groups
+    }
+
+    /// Appends `tokens`, scores every appended position, submits on the model's queue and reads
+    /// the logits back: `tokens.len() × vocab` f32, row-major (tests and simple callers).
+    pub fn forward_blocking(&mut self, tokens: &[u32]) -> Result<Vec<f32>, GpuModelError> {
+        let device = self.model.device.clone();
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("specdec.model forward"),
+        });
+        self.record(&mut encoder, tokens, tokens.len())?;
+        // Recording errors surface when the encoder is finished.
+        crate::gpu::scoped(&device, || self.model.queue.submit([encoder.finish()]))?;
+        self.read_logits_blocking()
+    }
+
+    /// Copies the last call's logits to the host (blocking): `rows × vocab` f32.
+    pub fn read_logits_blocking(&self) -> Result<Vec<f32>, GpuModelError> {
+        let l = self.logits();
+        let bytes = (l.rows * l.vocab * 4) as u64;
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let m = &*self.model;
+        let (staging, submission) = crate::gpu::scoped(&m.device, || {
+            let staging = m.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.model logits readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = m
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("specdec.model logits readback"),
+                });
+            encoder.copy_buffer_to_buffer(l.buffer, 0, &staging, 0, bytes);
+            let submission = m.queue.submit([encoder.finish()]);
+            (staging, submission)
+        })?;
+        let flag = Arc::new(Mutex::new(None));
+        let flag_c = flag.clone();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        m.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
+            .map_err(|e| {
+                GpuModelError::Gpu(crate::Error::Gpu {
+                    detail: e.to_string(),
+                })
+            })?;
+        loop {
+            if let Some(r) = flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                r.map_err(|e| {
+                    GpuModelError::Gpu(crate::Error::Gpu {
+                        detail: e.to_string(),
+                    })
+                })?;
+                break;
+            }
+            let _ = m.device.poll(wgpu::PollType::Poll);
+            std::thread::yield_now();
+        }
+        let view = staging.slice(..).get_mapped_range().map_err(|e| {
+            GpuModelError::Gpu(crate::Error::Gpu {
+                detail: e.to_string(),
+            })
+        })?;
+        let out = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}
