@@ -496,7 +496,7 @@ impl GpuModel {
         &self.device
     }
 
-    /// The queue the model submits on in its `_blocking` helpers.
+    /// The queue the model submits on in its `_blocking` functions.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
