@@ -3,7 +3,8 @@
 //! weight format the model batches, row `i` of an `m`-row call must be bit-identical to the
 //! 1-row call of row `i`, and close to the product with the dequantized weights. Then the same
 //! identity end to end on SmolLM2 (batched matmuls == one row per call), and an ignored timing
-//! of both (`cargo test --release --features candle --test cpu_rows -- --ignored --nocapture`).
+//! of both (`cargo test --release --features candle --test cpu_rows -- --ignored --nocapture`);
+//! the Qwen 0.5B ones also need `examples/fetch-models.sh qwen`.
 //!
 //! The SmolLM2 tests need `examples/fetch-models.sh smollm2`; a missing file fails them.
 
@@ -12,7 +13,7 @@ use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use specdec::models::{models_dir, LoadOptions, Model, Weights, SMOLLM2_FILE};
+use specdec::models::{models_dir, LoadOptions, Model, Weights, QWEN_0_5B_FILE, SMOLLM2_FILE};
 
 /// Rows of a verifier call: up to 8 drafts and the bonus position.
 const MAX_ROWS: usize = 9;
@@ -211,11 +212,12 @@ fn the_bitwise_comparison_rejects_a_changed_sum_or_input() {
     }
 }
 
-fn smollm2(options: &LoadOptions) -> Arc<Weights> {
-    let path = models_dir().join(SMOLLM2_FILE);
+fn load(file: &str, options: &LoadOptions) -> Arc<Weights> {
+    let path = models_dir().join(file);
     Weights::load_with(&path, options).unwrap_or_else(|e| {
         panic!(
-            "cannot load SmolLM2 from {}: {e}\nfetch it with `examples/fetch-models.sh smollm2`",
+            "cannot load {}: {e}\nfetch it with `examples/fetch-models.sh` (or point \
+             SPECDEC_MODELS at the directory that holds {file})",
             path.display()
         )
     })
@@ -223,7 +225,7 @@ fn smollm2(options: &LoadOptions) -> Arc<Weights> {
 
 /// The two ways of running split-invariant matmuls over the same file: all rows per call where
 /// the format allows (default) and one row per call (`row_by_row_matmuls`).
-fn smollm2_pair(requantize_to_q8_0: bool) -> (Arc<Weights>, Arc<Weights>) {
+fn pair(file: &str, requantize_to_q8_0: bool) -> (Arc<Weights>, Arc<Weights>) {
     let batched = LoadOptions {
         requantize_to_q8_0,
         ..LoadOptions::default()
@@ -232,7 +234,7 @@ fn smollm2_pair(requantize_to_q8_0: bool) -> (Arc<Weights>, Arc<Weights>) {
         row_by_row_matmuls: true,
         ..batched.clone()
     };
-    (smollm2(&batched), smollm2(&row_by_row))
+    (load(file, &batched), load(file, &row_by_row))
 }
 
 /// A cached prefix, so the timed and compared calls are verifier calls mid-sequence.
@@ -245,22 +247,45 @@ fn after_prefix(w: &Arc<Weights>) -> Model {
     m
 }
 
-#[test]
-fn smollm2_batched_matmuls_give_the_row_by_row_logits() {
-    for q8 in [false, true] {
-        let (batched, row_by_row) = smollm2_pair(q8);
-        let (base_b, base_r) = (after_prefix(&batched), after_prefix(&row_by_row));
-        for rows in [1, 2, 5, MAX_ROWS] {
-            let a = base_b.clone().forward(&DRAFTS[..rows]).unwrap();
-            let b = base_r.clone().forward(&DRAFTS[..rows]).unwrap();
-            if let Some((i, x, y)) = first_difference(&a, &b) {
+/// Batched and row-by-row matmuls give the same logits to the bit, and so does the whole
+/// `rows`-row call against feeding its tokens one at a time.
+fn assert_batched_equals_row_by_row(file: &str, q8: bool) {
+    let (batched, row_by_row) = pair(file, q8);
+    let (base_b, base_r) = (after_prefix(&batched), after_prefix(&row_by_row));
+    let vocab = batched.config().vocab_size;
+    for rows in [1, 2, 5, MAX_ROWS] {
+        let a = base_b.clone().forward(&DRAFTS[..rows]).unwrap();
+        let b = base_r.clone().forward(&DRAFTS[..rows]).unwrap();
+        if let Some((i, x, y)) = first_difference(&a, &b) {
+            panic!(
+                "{file} (Q8_0: {q8}), {rows} rows: logit {i} is {x:e} batched, {y:e} row by row"
+            );
+        }
+        let mut step = base_b.clone();
+        for (r, &t) in DRAFTS[..rows].iter().enumerate() {
+            let one = step.forward(&[t]).unwrap();
+            if let Some((i, x, y)) = first_difference(&a[r * vocab..(r + 1) * vocab], &one) {
                 panic!(
-                    "SmolLM2 (Q8_0: {q8}), {rows} rows: logit {i} is {x:e} batched and {y:e} \
-                     row by row"
+                    "{file} (Q8_0: {q8}): row {r} of a {rows}-row call differs from its 1-token \
+                     call at logit {i}: {x:e} vs {y:e}"
                 );
             }
         }
     }
+}
+
+#[test]
+fn smollm2_batched_matmuls_give_the_row_by_row_logits() {
+    assert_batched_equals_row_by_row(SMOLLM2_FILE, false);
+    assert_batched_equals_row_by_row(SMOLLM2_FILE, true);
+}
+
+/// Qwen 0.5B covers the formats of a Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0 as stored).
+#[test]
+#[ignore = "needs examples/fetch-models.sh qwen"]
+fn qwen_0_5b_batched_matmuls_give_the_row_by_row_logits() {
+    assert_batched_equals_row_by_row(QWEN_0_5B_FILE, false);
+    assert_batched_equals_row_by_row(QWEN_0_5B_FILE, true);
 }
 
 /// Seconds of one `rows`-row forward after the prefix.
@@ -271,44 +296,52 @@ fn time_call(base: &Model, rows: usize) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
+/// Prints the median of 5 interleaved calls per row count, both ways.
+fn print_call_cost_by_rows(file: &str, q8: bool) {
+    let (batched, row_by_row) = pair(file, q8);
+    let (base_b, base_r) = (after_prefix(&batched), after_prefix(&row_by_row));
+    let format = if q8 {
+        "re-quantized to Q8_0"
+    } else {
+        "as stored"
+    };
+    println!("{file} {format}, split_invariant, median of 5 interleaved calls");
+    println!("rows  row-by-row ms (÷ 1 row)  batched ms (÷ 1 row)  row-by-row ÷ batched");
+    let mut one = (0.0, 0.0);
+    for rows in [1, 2, 3, 5, MAX_ROWS] {
+        let (mut r, mut b) = (Vec::new(), Vec::new());
+        // Alternate the two so a change in machine load hits both alike.
+        for _ in 0..5 {
+            r.push(time_call(&base_r, rows));
+            b.push(time_call(&base_b, rows));
+        }
+        r.sort_by(f64::total_cmp);
+        b.sort_by(f64::total_cmp);
+        let (r, b) = (r[2], b[2]);
+        if rows == 1 {
+            one = (r, b);
+        }
+        println!(
+            "{rows:>4}  {:>9.1} ({:>5.2}×)  {:>9.1} ({:>5.2}×)  {:>5.2}×",
+            r * 1e3,
+            r / one.0,
+            b * 1e3,
+            b / one.1,
+            r / b
+        );
+    }
+}
+
 #[test]
 #[ignore = "timing; run with --ignored --nocapture"]
 fn smollm2_target_call_cost_by_rows() {
-    for q8 in [false, true] {
-        let (batched, row_by_row) = smollm2_pair(q8);
-        let (base_b, base_r) = (after_prefix(&batched), after_prefix(&row_by_row));
-        println!(
-            "SmolLM2 {}, split_invariant, median of interleaved calls",
-            {
-                if q8 {
-                    "re-quantized to Q8_0"
-                } else {
-                    "Q4_1 as stored"
-                }
-            }
-        );
-        println!("rows  row-by-row ms  batched ms  (ratio to its 1-row call)");
-        let mut one = (0.0, 0.0);
-        for rows in [1, 2, 3, 5, MAX_ROWS] {
-            let (mut r, mut b) = (Vec::new(), Vec::new());
-            // Alternate the two so a change in machine load hits both alike.
-            for _ in 0..5 {
-                r.push(time_call(&base_r, rows));
-                b.push(time_call(&base_b, rows));
-            }
-            r.sort_by(f64::total_cmp);
-            b.sort_by(f64::total_cmp);
-            let (r, b) = (r[2], b[2]);
-            if rows == 1 {
-                one = (r, b);
-            }
-            println!(
-                "{rows:>4}  {:>8.1} ({:.2}×)  {:>8.1} ({:.2}×)",
-                r * 1e3,
-                r / one.0,
-                b * 1e3,
-                b / one.1
-            );
-        }
-    }
+    print_call_cost_by_rows(SMOLLM2_FILE, false);
+    print_call_cost_by_rows(SMOLLM2_FILE, true);
+}
+
+#[test]
+#[ignore = "timing; needs examples/fetch-models.sh qwen; run with --ignored --nocapture"]
+fn qwen_0_5b_target_call_cost_by_rows() {
+    print_call_cost_by_rows(QWEN_0_5B_FILE, false);
+    print_call_cost_by_rows(QWEN_0_5B_FILE, true);
 }
