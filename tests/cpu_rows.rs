@@ -296,39 +296,45 @@ fn time_call(base: &Model, rows: usize) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
-/// Prints the median of 5 interleaved calls per row count, both ways.
+/// Prints the median of 5 interleaved calls per row count: split-invariant with one row per
+/// matmul call, split-invariant batched, and `split_invariant` off (everything batched, the
+/// floor).
 fn print_call_cost_by_rows(file: &str, q8: bool) {
     let (batched, row_by_row) = pair(file, q8);
-    let (base_b, base_r) = (after_prefix(&batched), after_prefix(&row_by_row));
+    let free = load(
+        file,
+        &LoadOptions {
+            requantize_to_q8_0: q8,
+            split_invariant: false,
+            ..LoadOptions::default()
+        },
+    );
+    let bases = [&row_by_row, &batched, &free].map(after_prefix);
     let format = if q8 {
         "re-quantized to Q8_0"
     } else {
         "as stored"
     };
-    println!("{file} {format}, split_invariant, median of 5 interleaved calls");
-    println!("rows  row-by-row ms (÷ 1 row)  batched ms (÷ 1 row)  row-by-row ÷ batched");
-    let mut one = (0.0, 0.0);
+    println!("{file} {format}: ms per call (÷ its 1-row call), median of 5 interleaved calls");
+    println!("rows  invariant, row by row  invariant, batched  split_invariant off");
+    let mut one = [0.0; 3];
     for rows in [1, 2, 3, 5, MAX_ROWS] {
-        let (mut r, mut b) = (Vec::new(), Vec::new());
-        // Alternate the two so a change in machine load hits both alike.
-        for _ in 0..5 {
-            r.push(time_call(&base_r, rows));
-            b.push(time_call(&base_b, rows));
+        let mut t = [[0.0; 5]; 3];
+        // Alternate the three so a change in machine load hits all alike.
+        for rep in 0..5 {
+            for (w, base) in bases.iter().enumerate() {
+                t[w][rep] = time_call(base, rows);
+            }
         }
-        r.sort_by(f64::total_cmp);
-        b.sort_by(f64::total_cmp);
-        let (r, b) = (r[2], b[2]);
-        if rows == 1 {
-            one = (r, b);
+        let mut line = format!("{rows:>4}");
+        for (w, times) in t.iter_mut().enumerate() {
+            times.sort_by(f64::total_cmp);
+            if rows == 1 {
+                one[w] = times[2];
+            }
+            line += &format!("  {:>9.1} ({:>5.2}×)", times[2] * 1e3, times[2] / one[w]);
         }
-        println!(
-            "{rows:>4}  {:>9.1} ({:>5.2}×)  {:>9.1} ({:>5.2}×)  {:>5.2}×",
-            r * 1e3,
-            r / one.0,
-            b * 1e3,
-            b / one.1,
-            r / b
-        );
+        println!("{line}");
     }
 }
 
