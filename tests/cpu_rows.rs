@@ -319,11 +319,11 @@ fn print_call_cost_by_rows(file: &str, q8: bool) {
     println!("rows  invariant, row by row  invariant, batched  split_invariant off");
     let mut one = [0.0; 3];
     for rows in [1, 2, 3, 5, MAX_ROWS] {
-        let mut t = [[0.0; 5]; 3];
+        let mut t: [Vec<f64>; 3] = Default::default();
         // Alternate the three so a change in machine load hits all alike.
-        for rep in 0..5 {
-            for (w, base) in bases.iter().enumerate() {
-                t[w][rep] = time_call(base, rows);
+        for _ in 0..5 {
+            for (times, base) in t.iter_mut().zip(&bases) {
+                times.push(time_call(base, rows));
             }
         }
         let mut line = format!("{rows:>4}");
