@@ -330,9 +330,9 @@ fn qmatmul(
 ///   own accumulators there, so rows stay independent, except that Q4_K switches to AMX tiles
 ///   from 32 rows on (hence 31).
 /// - Q6_K is repacked on x86-64 only for more than one row, a different summation than its
-///   1-row kernel; on aarch64 Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 use different kernels for 1 row,
-///   multiples of 4 rows and the rest; f32 / f16 weights go through a gemm whose blocking
-///   depends on the row count. All of those run one row per call.
+///   1-row kernel. On aarch64 Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 take kernels picked by the row
+///   count (1 row, multiples of 4, the rest), not checked here; f32 / f16 weights go through a
+///   gemm whose blocking depends on the row count. All of those run one row per call.
 fn invariant_rows(w: &candle_core::quantized::QMatMul) -> usize {
     use candle_core::quantized::{GgmlDType as G, QMatMul};
     let QMatMul::QTensor(t) = w else {
