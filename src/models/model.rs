@@ -171,14 +171,20 @@ impl Model {
         let (cos, sin) = rope_tables(start, t, hd, cfg.rope_theta, &w.device)?;
         let mask = causal_mask(start, t, group, &w.device)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let rbr = w.split_invariant;
+        let rows_mode = if !w.split_invariant {
+            MatmulRows::Batched
+        } else if w.row_by_row_matmuls {
+            MatmulRows::OneByOne
+        } else {
+            MatmulRows::Invariant
+        };
 
         let mut new_cache = Vec::with_capacity(self.layers);
         for (i, b) in w.blocks[..self.layers].iter().enumerate() {
             let h = rms_norm(&x, &b.attn_norm, cfg.rms_eps)?;
-            let q = linear(&b.q, &h, rbr)?;
-            let k = linear(&b.k, &h, rbr)?;
-            let v = linear(&b.v, &h, rbr)?;
+            let q = linear(&b.q, &h, rows_mode)?;
+            let k = linear(&b.k, &h, rows_mode)?;
+            let v = linear(&b.v, &h, rows_mode)?;
             // [t, heads·hd] → [heads, t, hd]
             let split = |x: Tensor, n: usize| -> candle_core::Result<Tensor> {
                 x.reshape((t, n, hd))?.transpose(0, 1)?.contiguous()
@@ -198,7 +204,7 @@ impl Model {
             // Grouped-query attention without copying K/V per query head: query head
             // `kv·group + g` reads kv head `kv`, so the `group` query heads of one kv head are
             // stacked as rows against that head's keys.
-            let attn = if rbr && t > 1 {
+            let attn = if w.split_invariant && t > 1 {
                 attention_per_position(&q, &k, &v, start, kv_heads, group, scale)
             } else {
                 (|| {
@@ -212,13 +218,13 @@ impl Model {
                 })()
             }
             .ctx("running attention")?;
-            let attn = linear(&b.o, &attn, rbr)?;
+            let attn = linear(&b.o, &attn, rows_mode)?;
             x = (x + attn).ctx("adding the attention residual")?;
             let h = rms_norm(&x, &b.ffn_norm, cfg.rms_eps)?;
-            let gate = linear(&b.gate, &h, rbr)?;
-            let up = linear(&b.up, &h, rbr)?;
+            let gate = linear(&b.gate, &h, rows_mode)?;
+            let up = linear(&b.up, &h, rows_mode)?;
             let act = (gate.silu().ctx("SwiGLU activation")? * up).ctx("SwiGLU product")?;
-            let down = linear(&b.down, &act, rbr)?;
+            let down = linear(&b.down, &act, rows_mode)?;
             x = (x + down).ctx("adding the MLP residual")?;
             new_cache.push(LayerCache { k, v });
         }
@@ -226,7 +232,7 @@ impl Model {
             .narrow(0, t - rows, rows)
             .ctx("selecting the rows to score")?;
         let x = rms_norm(&x, &w.output_norm, cfg.rms_eps)?;
-        let logits = qmatmul(&w.output, &x, rbr)?;
+        let logits = qmatmul(&w.output, &x, rows_mode)?;
         // Commit the cache only after every step succeeded, so an error leaves the sequence as
         // it was.
         self.cache = new_cache;
@@ -277,24 +283,72 @@ fn attention_per_position(
     Tensor::cat(&rows, 0)
 }
 
-/// `x · wᵀ`, one row at a time when `row_by_row` (see `LoadOptions::split_invariant`).
+/// How a forward's matmuls group their rows (see `LoadOptions::split_invariant`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MatmulRows {
+    /// All rows in one call: fastest, a row may depend on the others' count.
+    Batched,
+    /// As many rows per call as keep every row bit-identical to a 1-row call
+    /// ([`invariant_rows`]).
+    Invariant,
+    /// One row per call whatever the format (`LoadOptions::row_by_row_matmuls`).
+    OneByOne,
+}
+
+/// `x · wᵀ`, its rows grouped into calls as `mode` says.
 fn qmatmul(
     w: &candle_core::quantized::QMatMul,
     x: &Tensor,
-    row_by_row: bool,
+    mode: MatmulRows,
 ) -> Result<Tensor, ModelError> {
     let rows = x.dim(0).ctx("reading the row count")?;
-    if !row_by_row || rows == 1 {
+    let per_call = match mode {
+        MatmulRows::Batched => rows,
+        MatmulRows::Invariant => invariant_rows(w),
+        MatmulRows::OneByOne => 1,
+    };
+    if rows <= per_call {
         return w.forward_q(x);
     }
     let parts = (0..rows)
-        .map(|i| w.forward_q(&x.narrow(0, i, 1).ctx("selecting a row")?))
+        .step_by(per_call)
+        .map(|s| {
+            let x = x.narrow(0, s, per_call.min(rows - s));
+            w.forward_q(&x.ctx("selecting rows")?)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Tensor::cat(&parts, 0).ctx("joining matmul rows")
 }
 
-fn linear(l: &Linear, x: &Tensor, row_by_row: bool) -> Result<Tensor, ModelError> {
-    let y = qmatmul(&l.weight, x, row_by_row)?;
+/// The most rows one call of `w` may take such that each output row is bit-identical to the
+/// 1-row call of its input row, from candle-core 0.11.1's CPU kernels (`tests/cpu_rows.rs`
+/// checks every format listed here; `docs/models.md` cites the code):
+/// - `k_quants::matmul` quantizes the activations row by row and computes each (row, column)
+///   with the same `vec_dot` call whatever the row count; Q4_1, Q5_0, Q5_1, Q2_K, Q3_K always
+///   take it, and on x86-64 so do Q4_0 and Q5_K.
+/// - x86-64 repacks Q4_K and Q8_0 into 16-column tiles for every row count; each row has its
+///   own accumulators there, so rows stay independent, except that Q4_K switches to AMX tiles
+///   from 32 rows on (hence 31).
+/// - Q6_K is repacked on x86-64 only for more than one row, a different summation than its
+///   1-row kernel. On aarch64 Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 take kernels picked by the row
+///   count (1 row, multiples of 4, the rest), not checked here; f32 / f16 weights go through a
+///   gemm whose blocking depends on the row count. All of those run one row per call.
+fn invariant_rows(w: &candle_core::quantized::QMatMul) -> usize {
+    use candle_core::quantized::{GgmlDType as G, QMatMul};
+    let QMatMul::QTensor(t) = w else {
+        return 1;
+    };
+    let x86 = cfg!(target_arch = "x86_64");
+    match t.dtype() {
+        G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q2K | G::Q3K => usize::MAX,
+        G::Q4_0 | G::Q5K | G::Q8_0 if x86 => usize::MAX,
+        G::Q4K if x86 => 31,
+        _ => 1,
+    }
+}
+
+fn linear(l: &Linear, x: &Tensor, mode: MatmulRows) -> Result<Tensor, ModelError> {
+    let y = qmatmul(&l.weight, x, mode)?;
     match &l.bias {
         Some(b) => y.broadcast_add(b).ctx("adding a bias"),
         None => Ok(y),

@@ -80,14 +80,22 @@ pub struct LoadOptions {
     /// the weight memory. The Q8_0 rounding of the stored values changes the logits slightly
     /// (the README gives the measured effect), so it is off by default.
     pub requantize_to_q8_0: bool,
-    /// Run every quantized matmul one row (token) at a time, so a position's logits do not
-    /// depend on how many tokens were fed with it (default: on). candle 0.11 picks a different
+    /// Make a position's logits independent of how many tokens were fed with it (default: on):
+    /// attention runs position by position, and every matmul whose candle kernel could compute a
+    /// row differently in a multi-row call runs one row at a time. candle 0.11 picks a different
     /// x86 kernel for Q6_K when a call has more than one row (repacked tiles), which moves Qwen
     /// 0.5B's logits by up to ~0.4 between a whole-prompt forward and token-by-token decoding
-    /// (measured; with all weights dequantized to f32 the two agree to 2e-5). A verifier scores
-    /// `k + 1` rows at once, so without this its target would differ slightly from the same model
-    /// decoding alone. Off: faster prefill.
+    /// (measured; with all weights dequantized to f32 the two agree to 2e-5); the formats whose
+    /// kernels compute every row alike (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, …, checked by
+    /// `tests/cpu_rows.rs`) run all rows in one call. A verifier scores `k + 1` rows at once, so
+    /// without this its target would differ slightly from the same model decoding alone. Off:
+    /// faster prefill.
     pub split_invariant: bool,
+    /// With `split_invariant`, run every quantized matmul one row at a time, also in the formats
+    /// whose kernels are row-independent (default: off). The rows are the same bits either way;
+    /// this is the slower reference that `docs/models.md` measures the batched calls against,
+    /// and a way out on a CPU where a kernel turns out to depend on the row count.
+    pub row_by_row_matmuls: bool,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +104,7 @@ impl Default for LoadOptions {
             rope_style: None,
             requantize_to_q8_0: false,
             split_invariant: true,
+            row_by_row_matmuls: false,
         }
     }
 }
@@ -137,6 +146,8 @@ pub struct Weights {
     pub(crate) device: Device,
     /// [`LoadOptions::split_invariant`].
     pub(crate) split_invariant: bool,
+    /// [`LoadOptions::row_by_row_matmuls`].
+    pub(crate) row_by_row_matmuls: bool,
     path: PathBuf,
 }
 
@@ -215,6 +226,7 @@ impl Weights {
             tokenizer,
             device: Device::Cpu,
             split_invariant: options.split_invariant,
+            row_by_row_matmuls: options.row_by_row_matmuls,
             path,
         }))
     }
