@@ -10,8 +10,9 @@
 // of row n handles the blocks b ≡ l mod LANES in increasing b: a block's sum is
 // Σ_{j<8} dot(q_j, x_j) in increasing j, times the block's scale, added to the lane's
 // accumulator; after one barrier, one lane per input row adds the LANES partial sums in lane
-// order. The order depends on K and LANES alone, never on M or on the part, so a row's output is the same bits
-// whether it is computed alone or with 15 others (speculative greedy == plain greedy).
+// order. The order depends on K and LANES alone, never on M or on the part, so a row's output
+// is the same bits whether it is computed alone or with 15 others (speculative greedy == plain
+// greedy).
 //
 // Specialisations (override constants, one pipeline each): HAS_BIAS adds bias[row_base + n]
 // after the sum (Qwen2's q/k/v); RESIDUAL adds the sum to what Y holds (the residual stream).
