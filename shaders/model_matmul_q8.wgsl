@@ -9,19 +9,19 @@
 // Workgroup: ROWS_PER_WG output rows × LANES lanes (override constants, set per device). Lane l
 // of row n handles the blocks b ≡ l mod LANES in increasing b: a block's sum is
 // Σ_{j<8} dot(q_j, x_j) in increasing j, times the block's scale, added to the lane's
-// accumulator; after one barrier, lane 0 adds the LANES partial sums in lane order. The order
-// depends on K and LANES alone, never on M or on the part, so a row's output is the same bits
-// whether it is computed alone or with 15 others (speculative greedy == plain greedy).
+// accumulator; after one barrier, one lane per input row adds the LANES partial sums in lane
+// order. The order depends on K and LANES alone, never on M or on the part, so a row's output
+// is the same bits whether it is computed alone or with 15 others (speculative greedy == plain
+// greedy).
 //
 // Specialisations (override constants, one pipeline each): HAS_BIAS adds bias[row_base + n]
 // after the sum (Qwen2's q/k/v); RESIDUAL adds the sum to what Y holds (the residual stream).
 // Output element (m, n): out_offset + m · out_stride + row_base + n.
 
 override HAS_BIAS: bool = false;
-// Accumulators in 16 named variables (true) or an array indexed by the row (false, default).
-// The array is the measured choice on lavapipe (the named form runs all 16 guarded sums there:
-// 4.6× slower at one row); the named form keeps the sums in registers where branches on a
-// uniform value are skipped (GPUs), to be measured there. Either is one program for every row
+// Accumulators in 16 named variables (true) or one register per input row, the rows one after
+// another (false, default; lavapipe runs all 16 guarded sums of the named form: 4.6× slower at
+// one row). Both add the same terms in the same order, and either is one program for every row
 // count, so rows scored together equal rows scored alone in both.
 override UNROLLED: bool = false;
 override RESIDUAL: bool = false;
@@ -75,6 +75,19 @@ fn block_sum(w: Block, xb: u32) -> f32 {
     return s;
 }
 
+// Block b of weight row n (K = k, blocks per row = blocks) applied to the x words from xb on,
+// times the block's scale: the same terms, in the same order, as the named-accumulator path.
+fn block_row(n: u32, k: u32, blocks: u32, b: u32, xb: u32) -> f32 {
+    let at = (n * k + b * 32u) / 16u;
+    let lo = qs[at];
+    let hi = qs[at + 1u];
+    let w = Block(
+        unpack(lo.x), unpack(lo.y), unpack(lo.z), unpack(lo.w),
+        unpack(hi.x), unpack(hi.y), unpack(hi.z), unpack(hi.w),
+    );
+    return block_sum(w, xb) * scales[n * blocks + b];
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(local_invocation_index) li: u32,
@@ -88,7 +101,6 @@ fn main(
     let k4 = k / 4u;
     let blocks = k / 32u;
     let rows = min(P.rows, MAX_M);
-    var acc: array<f32, MAX_M>;
     var a0 = 0.0;
     var a1 = 0.0;
     var a2 = 0.0;
@@ -105,7 +117,7 @@ fn main(
     var a13 = 0.0;
     var a14 = 0.0;
     var a15 = 0.0;
-    if (n < P.out_rows) {
+    if (UNROLLED && n < P.out_rows) {
         for (var b = lane; b < blocks; b += LANES) {
             // A block is 32 bytes, two aligned vec4<u32>.
             let at = (n * k + b * 32u) / 16u;
@@ -117,7 +129,6 @@ fn main(
             );
             let d = scales[n * blocks + b];
             let xb = (P.in_offset + b * 32u) / 4u;
-            if (UNROLLED) {
             if (rows > 0u) { a0 = a0 + block_sum(w, xb + 0u * k4) * d; }
             if (rows > 1u) { a1 = a1 + block_sum(w, xb + 1u * k4) * d; }
             if (rows > 2u) { a2 = a2 + block_sum(w, xb + 2u * k4) * d; }
@@ -134,11 +145,6 @@ fn main(
             if (rows > 13u) { a13 = a13 + block_sum(w, xb + 13u * k4) * d; }
             if (rows > 14u) { a14 = a14 + block_sum(w, xb + 14u * k4) * d; }
             if (rows > 15u) { a15 = a15 + block_sum(w, xb + 15u * k4) * d; }
-            } else {
-                for (var m = 0u; m < rows; m++) {
-                    acc[m] = acc[m] + block_sum(w, xb + m * k4) * d;
-                }
-            }
         }
     }
     let mine = (r * LANES + lane) * MAX_M;
@@ -159,17 +165,27 @@ fn main(
         if (rows > 13u) { partial[mine + 13u] = a13; }
         if (rows > 14u) { partial[mine + 14u] = a14; }
         if (rows > 15u) { partial[mine + 15u] = a15; }
-    } else {
+    } else if (n < P.out_rows) {
+        // One input row at a time with one accumulator in a register: an array indexed by the
+        // row lives in local memory on GPUs. The weight block is read again for each row, from
+        // cache: the workgroup's ROWS_PER_WG weight rows are at most a few tens of KB.
         for (var m = 0u; m < rows; m++) {
-            partial[mine + m] = acc[m];
+            var a = 0.0;
+            for (var b = lane; b < blocks; b += LANES) {
+                a = a + block_row(n, k, blocks, b, (P.in_offset + b * 32u) / 4u + m * k4);
+            }
+            partial[mine + m] = a;
         }
     }
     workgroupBarrier();
-    if (lane == 0u && n < P.out_rows) {
-        for (var m = 0u; m < rows; m++) {
-            var v = partial[mine + m];
+    // Lane j sums the LANES partials of input rows j, j + LANES, … in lane order: the same
+    // serial order as one lane summing them all, with the rows' sums running side by side.
+    let base = r * LANES * MAX_M;
+    if (n < P.out_rows) {
+        for (var m = lane; m < rows; m += LANES) {
+            var v = partial[base + m];
             for (var l = 1u; l < LANES; l++) {
-                v = v + partial[mine + l * MAX_M + m];
+                v = v + partial[base + l * MAX_M + m];
             }
             if (HAS_BIAS) {
                 v = v + bias[P.row_base + n];
