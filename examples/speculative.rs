@@ -1,6 +1,10 @@
 //! Speculative decoding with real models: Qwen2.5-Coder-1.5B verifies the drafts of
-//! Qwen2.5-Coder-0.5B (or SmolLM2 verifies its own first layers) through `specdec::spec`'s
-//! `SpecDecoder`, beside plain greedy decoding of the same prompt as the baseline.
+//! Qwen2.5-Coder-0.5B (or SmolLM2 verifies its own first layers), beside plain decoding of the
+//! same prompt as the baseline. Where the backend policy finds a real GPU (`specdec info`), both
+//! run on it: the models' forward passes through `specdec::models::GpuModel` and the decode loop
+//! through `GpuDecoder`, with the target's logits verified where they are. Otherwise (or with
+//! `--cpu`) the models run on the CPU through candle and the loop is `specdec::speculative`'s
+//! `SpecDecoder`.
 //!
 //! ```text
 //! examples/fetch-models.sh qwen
@@ -8,7 +12,8 @@
 //! cargo run --release --features candle --example speculative -- --self 12 "The capital of France is"
 //! ```
 //!
-//! Options: `--k N` drafts per step (4), `--tokens N` new tokens (64), `--self N` SmolLM2 with a
+//! Options: `--cpu` the CPU path even with a GPU, `--k N` drafts per step (4), `--tokens N` new
+//! tokens (64), `--self N` SmolLM2 with a
 //! layer-skip draft of its first N blocks instead of the Qwen pair, `--temperature T`
 //! (0 = greedy; then the output must equal plain greedy decoding, which is checked), `--seed S`.
 //! Both models are loaded with `requantize_to_q8_0` (see the README: candle's Q5_0/Q4_1 dot
@@ -17,9 +22,12 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use specdec::models::{
-    generate, models_dir, GenerateOptions, GreedyDraft, LoadOptions, Model, Weights,
-    QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+    generate, models_dir, GenerateOptions, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions,
+    GpuProposer, GpuSequence, GreedyDraft, LoadOptions, Model, Weights, QWEN_0_5B_FILE,
+    QWEN_1_5B_FILE, SMOLLM2_FILE,
 };
 use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
 use specdec::{DeviceChoice, SamplingParams, Verifier, VerifierOptions};
@@ -40,6 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (mut k, mut new_tokens, mut self_layers, mut temperature, mut seed) =
         (4usize, 64usize, None, 0.0f32, 1u64);
+    let mut force_cpu = false;
     let mut prompt = None;
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -49,6 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--self" => self_layers = Some(value("--self")?.parse::<usize>()?),
             "--temperature" => temperature = value("--temperature")?.parse()?,
             "--seed" => seed = value("--seed")?.parse()?,
+            "--cpu" => force_cpu = true,
             _ if a.starts_with("--") => return Err(format!("unknown option {a}").into()),
             _ if prompt.is_none() => prompt = Some(a),
             _ => return Err(format!("unexpected argument {a}").into()),
@@ -88,16 +98,128 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     eos.extend(tok.token_id("<|im_end|>"));
     eos.extend(tok.token_id("<|endoftext|>"));
 
+    let params = if temperature > 0.0 {
+        SamplingParams::seeded(temperature, seed)
+    } else {
+        SamplingParams::greedy()
+    };
+    let run = Run {
+        ids,
+        eos,
+        k,
+        new_tokens,
+        params,
+    };
+    let gpu = if force_cpu {
+        None
+    } else {
+        let v = Verifier::auto(VerifierOptions::default())?;
+        println!("backend: {}", v.describe());
+        v.is_gpu().then_some(v)
+    };
+    let (plain, spec) = match &gpu {
+        Some(verifier) => run_gpu(
+            verifier,
+            &target_weights,
+            &draft_template,
+            self_layers,
+            &run,
+        )?,
+        None => run_cpu(&target_weights, draft_template, &run)?,
+    };
+    let (plain_tok_s, spec_tok_s) = (plain.1, spec.1);
+    println!("---- plain ({} tokens)", plain.0.len());
+    println!("{}", tok.decode(&plain.0));
+    println!("---- speculative ({} tokens)", spec.0.len());
+    println!("{}", tok.decode(&spec.0));
+    println!("----");
+    println!("{}", spec.2);
+    println!(
+        "plain: {plain_tok_s:.2} tokens/s; speculative: {spec_tok_s:.2} tokens/s; speed-up {:.2}×",
+        spec_tok_s / plain_tok_s
+    );
+    if temperature == 0.0 {
+        if spec.0 != plain.0 {
+            return Err("greedy speculative output differs from plain greedy decoding".into());
+        }
+        println!("greedy speculative output == plain greedy output");
+    }
+    Ok(())
+}
+
+/// What both paths decode.
+struct Run {
+    ids: Vec<u32>,
+    eos: Vec<u32>,
+    k: usize,
+    new_tokens: usize,
+    params: SamplingParams,
+}
+
+/// Tokens, tokens per second, and the metrics table.
+type Outcome = (Vec<u32>, f64, String);
+
+/// Both models and the loop on the GPU; plain decoding is the same loop without drafts, and each
+/// is run once untimed first (pipelines, buffers, clocks).
+fn run_gpu(
+    verifier: &Verifier,
+    target_weights: &Arc<Weights>,
+    draft_template: &Model,
+    self_layers: Option<usize>,
+    run: &Run,
+) -> Result<(Outcome, Outcome), Box<dyn std::error::Error>> {
+    let (device, queue) = verifier.device().ok_or("the verifier has no GPU")?;
+    let opts = GpuModelOptions::default();
+    let load = |w: &Weights| GpuModel::load(w.path(), w.config(), device, queue, &opts);
+    let target = Arc::new(load(target_weights)?);
+    let draft = match self_layers {
+        Some(n) => GpuSequence::with_layers(target.clone(), n)?,
+        None => GpuSequence::new(Arc::new(load(draft_template.weights())?))?,
+    };
+    let config = GpuDecodeConfig {
+        num_drafts: run.k,
+        eos: run.eos.clone(),
+        synthetic_rates: None,
+    };
+    let mut plain = GpuDecoder::new(
+        verifier,
+        GpuSequence::new(target.clone())?,
+        GpuProposer::None,
+        config.clone(),
+    )?;
+    let proposer = GpuProposer::Model(Box::new(draft));
+    let mut spec = GpuDecoder::new(verifier, GpuSequence::new(target)?, proposer, config)?;
+    let outcome = |d: &mut GpuDecoder<'_>| -> Result<Outcome, Box<dyn std::error::Error>> {
+        d.generate(&run.ids, run.params, run.new_tokens.min(8))?;
+        d.reset_metrics();
+        let out = d.generate(&run.ids, run.params, run.new_tokens)?;
+        let m = d.metrics();
+        let decode = (m.propose_time + m.score_time).as_secs_f64();
+        Ok((
+            out.tokens.clone(),
+            out.tokens.len() as f64 / decode,
+            m.to_string(),
+        ))
+    };
+    Ok((outcome(&mut plain)?, outcome(&mut spec)?))
+}
+
+/// Both models on the CPU through candle, the loop through `SpecDecoder` with a CPU verifier.
+fn run_cpu(
+    target_weights: &Arc<Weights>,
+    draft_template: Model,
+    run: &Run,
+) -> Result<(Outcome, Outcome), Box<dyn std::error::Error>> {
     // Baseline: plain decoding with the target alone.
     let mut plain_model = Model::new(target_weights.clone());
     let plain_opts = GenerateOptions {
-        max_new_tokens: new_tokens,
-        temperature,
-        seed,
-        stop_tokens: eos.clone(),
+        max_new_tokens: run.new_tokens,
+        temperature: run.params.temperature,
+        seed: run.params.seed.unwrap_or(1),
+        stop_tokens: run.eos.clone(),
     };
     let t0 = Instant::now();
-    let plain = generate(&mut plain_model, &ids, &plain_opts)?;
+    let plain = generate(&mut plain_model, &run.ids, &plain_opts)?;
     let plain_s = t0.elapsed().as_secs_f64();
     drop(plain_model);
 
@@ -111,43 +233,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut decoder = SpecDecoder::new(
         &verifier,
         DecoderConfig {
-            num_drafts: k,
-            eos,
+            num_drafts: run.k,
+            eos: run.eos.clone(),
             ..DecoderConfig::default()
         },
     );
     let mut target = Sequences::new(vec![Model::new(target_weights.clone())]);
     let mut proposer = DraftModelProposer::new(GreedyDraft::new(draft_template));
-    let params = if temperature > 0.0 {
-        SamplingParams::seeded(temperature, seed)
-    } else {
-        SamplingParams::greedy()
-    };
-    let request = GenRequest::new(ids.clone(), params, new_tokens);
+    let request = GenRequest::new(run.ids.clone(), run.params, run.new_tokens);
     let t0 = Instant::now();
     let out = decoder.generate(&mut target, &mut proposer, &[request])?;
     let spec_s = t0.elapsed().as_secs_f64();
-
-    println!("---- plain ({} tokens)", plain.tokens.len());
-    println!("{}", tok.decode(&plain.tokens));
-    println!("---- speculative ({} tokens)", out[0].tokens.len());
-    println!("{}", tok.decode(&out[0].tokens));
-    println!("----");
-    println!("{}", decoder.metrics());
-    println!(
-        "plain: {:.2} tokens/s ({} tokens in {plain_s:.1} s, prefill included); speculative: \
-         {:.2} tokens/s ({} tokens in {spec_s:.1} s); speed-up {:.2}×",
-        plain.tokens.len() as f64 / plain_s,
-        plain.tokens.len(),
-        out[0].tokens.len() as f64 / spec_s,
-        out[0].tokens.len(),
-        (out[0].tokens.len() as f64 / spec_s) / (plain.tokens.len() as f64 / plain_s)
-    );
-    if temperature == 0.0 {
-        if out[0].tokens != plain.tokens {
-            return Err("greedy speculative output differs from plain greedy decoding".into());
-        }
-        println!("greedy speculative output == plain greedy output");
-    }
-    Ok(())
+    let n = (plain.tokens.len(), out[0].tokens.len());
+    Ok((
+        (plain.tokens, n.0 as f64 / plain_s, String::new()),
+        (
+            out[0].tokens.clone(),
+            n.1 as f64 / spec_s,
+            decoder.metrics().to_string(),
+        ),
+    ))
 }

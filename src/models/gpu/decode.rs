@@ -149,6 +149,8 @@ impl<'v> GpuDecoder<'v> {
     }
 
     /// What was counted since the decoder was made or [`GpuDecoder::reset_metrics`].
+    /// `score_time` includes the verification, which is recorded into the target forward's
+    /// submission (so `verify_time` stays zero); `elapsed` also includes the prompt's prefill.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
