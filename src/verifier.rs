@@ -8,7 +8,7 @@ use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Works
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -75,6 +75,8 @@ pub struct Verifier {
     backend: Backend,
     opts: VerifierOptions,
     seeds: Mutex<rand_pcg::Pcg64>,
+    /// Held by host-path calls on wgpu's OpenGL backend (see [`Verifier::serialize`]).
+    gl_calls: Mutex<()>,
 }
 
 /// A batch whose logits already live in GPU buffers of the verifier's device.
@@ -191,6 +193,21 @@ impl Verifier {
             backend,
             opts,
             seeds: Mutex::new(rand_pcg::Pcg64::seed_from_u64(seed)),
+            gl_calls: Mutex::new(()),
+        }
+    }
+
+    /// On wgpu's OpenGL backend every call runs on one EGL context, submit executes the work
+    /// while holding it, and a thread that waits for the context longer than wgpu's lock timeout
+    /// (one second) panics inside wgpu. So the blocking host path runs one call at a time there,
+    /// and a long verification on one thread makes the others wait here instead. Other backends
+    /// take no lock: their calls run concurrently.
+    fn serialize(&self) -> Option<MutexGuard<'_, ()>> {
+        match &self.backend {
+            Backend::Gpu(g) if g.info.backend == wgpu::Backend::Gl => {
+                Some(self.gl_calls.lock().unwrap_or_else(|e| e.into_inner()))
+            }
+            _ => None,
         }
     }
 
@@ -286,6 +303,7 @@ impl Verifier {
                 if plan.num_requests() == 0 {
                     return Ok(plan.decode_output(&[]));
                 }
+                let _serial = self.serialize();
                 let mut ws = g.take_workspace();
                 let result = (|| {
                     let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
@@ -315,6 +333,7 @@ impl Verifier {
                 Ok(cpu::cutoffs(&plan, &t, d.as_deref()))
             }
             Backend::Gpu(g) => {
+                let _serial = self.serialize();
                 let mut ws = g.take_workspace();
                 let result = (|| {
                     let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
