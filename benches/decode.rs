@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specdec::models::{
-    models_dir, Architecture, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions,
-    GpuProposer, GpuSequence, RopeStyle, Weights, QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+    models_dir, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions, GpuProposer,
+    GpuSequence, Weights, QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
 };
 use specdec::speculative::NgramProposer;
 use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
@@ -135,45 +135,6 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
-/// The shape of a known model, for random weights.
-fn shape(name: &str) -> Option<Config> {
-    let qwen = |layers, hidden, ffn, heads| Config {
-        architecture: Architecture::Qwen2,
-        layers,
-        hidden,
-        ffn,
-        heads,
-        kv_heads: 2,
-        head_dim: hidden / heads,
-        vocab_size: 151_936,
-        rms_eps: 1e-6,
-        rope_theta: 1_000_000.0,
-        rope_style: RopeStyle::RotateHalves,
-        context_length: 32_768,
-        tied_embeddings: true,
-    };
-    match name {
-        "qwen-0.5b" => Some(qwen(24, 896, 4864, 14)),
-        "qwen-1.5b" => Some(qwen(28, 1536, 8960, 12)),
-        "smollm2" => Some(Config {
-            architecture: Architecture::Llama,
-            layers: 30,
-            hidden: 576,
-            ffn: 1536,
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            vocab_size: 49_152,
-            rms_eps: 1e-5,
-            rope_theta: 100_000.0,
-            rope_style: RopeStyle::AdjacentPairs,
-            context_length: 8192,
-            tied_embeddings: true,
-        }),
-        _ => None,
-    }
-}
-
 /// A loaded model and, for real weights, the CPU-side weights (for the tokenizer).
 struct Loaded {
     gpu: Arc<GpuModel>,
@@ -184,7 +145,8 @@ fn load(name: &str, seed: u64, verifier: &Verifier) -> Result<Loaded, Box<dyn st
     let (device, queue) = verifier.device().ok_or("the verifier has no GPU")?;
     let options = GpuModelOptions::default();
     if let Some(shape_name) = name.strip_prefix("random-") {
-        let config = shape(shape_name).ok_or(format!("no shape for {shape_name:?}"))?;
+        let config =
+            Config::known_shape(shape_name).ok_or(format!("no shape for {shape_name:?}"))?;
         let gpu = GpuModel::random(&config, seed, device, queue, &options)?;
         return Ok(Loaded {
             gpu: Arc::new(gpu),

@@ -7,7 +7,8 @@
 //! cargo run --release --features candle --example gpu_forward_bench -- random-qwen-1.5b --rows 1,2,3,5,9
 //! ```
 //!
-//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled]`. MODEL is `smollm2`,
+//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled]
+//! [--profile]`. MODEL is `smollm2`,
 //! `qwen-0.5b`, `qwen-1.5b`, a GGUF path, or `random-qwen-0.5b` / `random-qwen-1.5b` /
 //! `random-smollm2`: the real shapes with pseudo-random weights, for machines without the model
 //! files. Each call appends `rows` tokens after a `context`-token prefix (default 128) and is
@@ -17,15 +18,17 @@
 //! host's recording of the dispatches into the encoder); the median of `iters` calls (default
 //! 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
 //! the adapter like the rest of the crate. `--lanes` and `--unrolled` set
-//! [`GpuModelOptions::matmul_lanes`] and [`GpuModelOptions::matmul_unrolled`].
+//! [`GpuModelOptions::matmul_lanes`] and [`GpuModelOptions::matmul_unrolled`]. `--profile` then
+//! prints each row count's GPU time by kernel (timestamp queries, each dispatch in a pass of its
+//! own) and the whole call's GPU time in one pass.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use specdec::models::{
-    models_dir, Architecture, Config, GpuModel, GpuModelOptions, GpuSequence, RopeStyle, Weights,
-    QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+    models_dir, Config, GpuModel, GpuModelOptions, GpuSequence, Weights, QWEN_0_5B_FILE,
+    QWEN_1_5B_FILE, SMOLLM2_FILE,
 };
 
 fn main() -> ExitCode {
@@ -38,45 +41,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The shape of a known model, for random weights.
-fn shape(name: &str) -> Option<Config> {
-    let qwen = |layers, hidden, ffn, heads, kv_heads| Config {
-        architecture: Architecture::Qwen2,
-        layers,
-        hidden,
-        ffn,
-        heads,
-        kv_heads,
-        head_dim: hidden / heads,
-        vocab_size: 151_936,
-        rms_eps: 1e-6,
-        rope_theta: 1_000_000.0,
-        rope_style: RopeStyle::RotateHalves,
-        context_length: 32_768,
-        tied_embeddings: true,
-    };
-    match name {
-        "qwen-0.5b" => Some(qwen(24, 896, 4864, 14, 2)),
-        "qwen-1.5b" => Some(qwen(28, 1536, 8960, 12, 2)),
-        "smollm2" => Some(Config {
-            architecture: Architecture::Llama,
-            layers: 30,
-            hidden: 576,
-            ffn: 1536,
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            vocab_size: 49_152,
-            rms_eps: 1e-5,
-            rope_theta: 100_000.0,
-            rope_style: RopeStyle::AdjacentPairs,
-            context_length: 8192,
-            tied_embeddings: true,
-        }),
-        _ => None,
-    }
-}
-
 struct Args {
     model: String,
     rows: Vec<usize>,
@@ -84,6 +48,7 @@ struct Args {
     context: usize,
     lanes: Option<u32>,
     unrolled: bool,
+    profile: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -95,6 +60,7 @@ fn parse() -> Result<Args, String> {
         context: 128,
         lanes: None,
         unrolled: false,
+        profile: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -107,6 +73,7 @@ fn parse() -> Result<Args, String> {
             }
             "--lanes" => a.lanes = Some(value("--lanes")?.parse().map_err(|_| "bad --lanes")?),
             "--unrolled" => a.unrolled = true,
+            "--profile" => a.profile = true,
             "--iters" => a.iters = value("--iters")?.parse().map_err(|_| "bad --iters")?,
             "--context" => a.context = value("--context")?.parse().map_err(|_| "bad --context")?,
             other if a.model.is_empty() && !other.starts_with("--") => a.model = other.to_string(),
@@ -126,9 +93,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let adapter = specdec::select_adapter()?;
     let info = adapter.get_info();
     let limits = specdec::required_limits(&adapter.limits())?;
+    // Timestamps where the adapter has them (--profile needs them).
+    let required_features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+    if args.profile && required_features.is_empty() {
+        return Err("--profile needs an adapter with timestamp queries".into());
+    }
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.gpu_forward_bench"),
         required_limits: limits,
+        required_features,
         ..Default::default()
     }))?;
     let t0 = Instant::now();
@@ -138,7 +111,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..GpuModelOptions::default()
     };
     let model = if let Some(name) = args.model.strip_prefix("random-") {
-        let config = shape(name).ok_or(format!("no shape for {name:?}"))?;
+        let config = Config::known_shape(name).ok_or(format!("no shape for {name:?}"))?;
         GpuModel::random(&config, 1, &device, &queue, &options)?
     } else {
         let path = match args.model.as_str() {
@@ -218,6 +191,44 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             recording[recording.len() / 2],
             tokens.len() as f64 / median * 1e3,
             median / base_ms
+        );
+    }
+    if args.profile {
+        for &rows in &args.rows {
+            profile(&mut seq, &draft[..rows.min(draft.len())], args.context)?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints the GPU time of a `tokens.len()`-row call by kernel (median of 5 profiled calls, each
+/// dispatch in a pass of its own) and of the whole call in one pass.
+fn profile(
+    seq: &mut GpuSequence,
+    tokens: &[u32],
+    context: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        runs.push(seq.profile_blocking(tokens, tokens.len())?);
+        seq.truncate(context)?;
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let total = median(runs.iter().map(|r| r.total_ns).collect());
+    println!(
+        "profile, {} row(s): whole call {:.3} ms of GPU time in one pass",
+        tokens.len(),
+        total / 1e6
+    );
+    for (i, (name, _, count)) in runs[0].kernels.iter().enumerate() {
+        let ns = median(runs.iter().map(|r| r.kernels[i].1).collect());
+        println!(
+            "  {name:16} {count:5} dispatches {:9.3} ms {:8.2} µs each",
+            ns / 1e6,
+            ns / 1e3 / *count as f64
         );
     }
     Ok(())

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
-    GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
+    ForwardProfile, GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
     GpuModelOptions, GpuProposer, GpuSequence, HostModel, ModelKernel, Q8Matrix, MAX_ROWS,
     MODEL_COMMON, Q8_BLOCK,
 };

@@ -69,6 +69,49 @@ pub struct Config {
     pub tied_embeddings: bool,
 }
 
+impl Config {
+    /// The shape of a model this crate knows by name (`"smollm2"`, `"qwen-0.5b"`,
+    /// `"qwen-1.5b"`): the hyper-parameters its GGUF file holds, for building pseudo-random
+    /// weights of the real shape ([`crate::models::GpuModel::random`]) where the file is absent.
+    pub fn known_shape(name: &str) -> Option<Config> {
+        let qwen = |layers, hidden, ffn, heads| Config {
+            architecture: Architecture::Qwen2,
+            layers,
+            hidden,
+            ffn,
+            heads,
+            kv_heads: 2,
+            head_dim: hidden / heads,
+            vocab_size: 151_936,
+            rms_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            rope_style: RopeStyle::RotateHalves,
+            context_length: 32_768,
+            tied_embeddings: true,
+        };
+        match name {
+            "qwen-0.5b" => Some(qwen(24, 896, 4864, 14)),
+            "qwen-1.5b" => Some(qwen(28, 1536, 8960, 12)),
+            "smollm2" => Some(Config {
+                architecture: Architecture::Llama,
+                layers: 30,
+                hidden: 576,
+                ffn: 1536,
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                vocab_size: 49_152,
+                rms_eps: 1e-5,
+                rope_theta: 100_000.0,
+                rope_style: RopeStyle::AdjacentPairs,
+                context_length: 8192,
+                tied_embeddings: true,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Options for [`Weights::load_with`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {

@@ -37,7 +37,7 @@ mod weights;
 
 pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer};
 pub use kernels::{ModelKernel, MODEL_COMMON};
-pub use sequence::{GpuLogits, GpuSequence, MAX_ROWS};
+pub use sequence::{ForwardProfile, GpuLogits, GpuSequence, MAX_ROWS};
 pub use weights::{GpuModel, GpuModelOptions, HostModel, Q8Matrix, Q8_BLOCK};
 
 pub(crate) use kernels::Pipelines;

@@ -52,6 +52,16 @@ enum Group {
     Swiglu,
 }
 
+/// How a call's dispatches are timed on the GPU (profiling only).
+#[derive(Clone, Copy)]
+enum Timing<'a> {
+    None,
+    /// One pass, its two ends written to queries 0 and 1.
+    Whole(&'a wgpu::QuerySet),
+    /// One pass per dispatch, dispatch `i` timed by queries `2i` and `2i + 1`.
+    PerDispatch(&'a wgpu::QuerySet),
+}
+
 /// One recorded dispatch: its pipeline, bind group, params slot and grid.
 struct Dispatch {
     pipe: Pipe,
@@ -295,7 +305,9 @@ impl GpuSequence {
             )));
         }
         let device = self.model.device.clone();
-        crate::gpu::scoped(&device, || self.record_checked(encoder, tokens, rows))??;
+        crate::gpu::scoped(&device, || {
+            self.record_checked(encoder, tokens, rows, Timing::None)
+        })??;
         self.len += tokens.len();
         self.logits_rows = rows;
         Ok(self.logits())
@@ -306,7 +318,8 @@ impl GpuSequence {
         encoder: &mut wgpu::CommandEncoder,
         tokens: &[u32],
         rows: usize,
-    ) -> Result<(), GpuModelError> {
+        timing: Timing<'_>,
+    ) -> Result<Vec<Pipe>, GpuModelError> {
         let mut dirty = self.ensure_cache(encoder, self.len + tokens.len());
         dirty |= self.ensure_logits(rows);
         let (dispatches, params) = self.plan(tokens.len(), rows);
@@ -339,17 +352,35 @@ impl GpuSequence {
             0,
             (tokens.len() * 4) as u64,
         );
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("specdec.model forward"),
-            timestamp_writes: None,
-        });
-        for d in &dispatches {
-            pass.set_pipeline(self.model.pipelines.pipeline(d.pipe));
-            let offset = (u64::from(d.slot) * self.slot_bytes) as u32;
-            pass.set_bind_group(0, &self.groups[&d.group], &[offset]);
-            pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
+        // Profiling puts each dispatch in a pass of its own, timed at its ends; otherwise one
+        // pass holds them all (wgpu orders the dependent dispatches inside it).
+        let passes: Vec<&[Dispatch]> = match timing {
+            Timing::PerDispatch(_) => dispatches.chunks(1).collect(),
+            _ => vec![&dispatches[..]],
+        };
+        for (i, part) in passes.iter().enumerate() {
+            let timestamp_writes = match timing {
+                Timing::None => None,
+                Timing::Whole(set) | Timing::PerDispatch(set) => {
+                    Some(wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    })
+                }
+            };
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("specdec.model forward"),
+                timestamp_writes,
+            });
+            for d in part.iter() {
+                pass.set_pipeline(self.model.pipelines.pipeline(d.pipe));
+                let offset = (u64::from(d.slot) * self.slot_bytes) as u32;
+                pass.set_bind_group(0, &self.groups[&d.group], &[offset]);
+                pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
+            }
         }
-        Ok(())
+        Ok(dispatches.iter().map(|d| d.pipe).collect())
     }
 
     /// Grows the KV cache (and the attention scratch) to hold `needed` positions, copying the
@@ -747,58 +778,140 @@ impl GpuSequence {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let m = &*self.model;
-        let (staging, submission) = crate::gpu::scoped(&m.device, || {
-            let staging = m.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("specdec.model logits readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut encoder = m
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("specdec.model logits readback"),
-                });
-            encoder.copy_buffer_to_buffer(l.buffer, 0, &staging, 0, bytes);
-            let submission = m.queue.submit([encoder.finish()]);
-            (staging, submission)
-        })?;
-        let flag = Arc::new(Mutex::new(None));
-        let flag_c = flag.clone();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        });
-        m.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
-            .map_err(|e| {
-                GpuModelError::Gpu(crate::Error::Gpu {
-                    detail: e.to_string(),
-                })
-            })?;
-        loop {
-            if let Some(r) = flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                r.map_err(|e| {
-                    GpuModelError::Gpu(crate::Error::Gpu {
-                        detail: e.to_string(),
-                    })
-                })?;
-                break;
-            }
-            let _ = m.device.poll(wgpu::PollType::Poll);
-            std::thread::yield_now();
-        }
-        let view = staging.slice(..).get_mapped_range().map_err(|e| {
-            GpuModelError::Gpu(crate::Error::Gpu {
-                detail: e.to_string(),
-            })
-        })?;
-        let out = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(out)
+        let raw = read_back(&self.model, l.buffer, bytes)?;
+        Ok(bytemuck::cast_slice::<u8, f32>(&raw).to_vec())
     }
+
+    /// Appends `tokens`, scores the last `rows`, and returns the GPU time of the call by kernel
+    /// (each dispatch in a compute pass of its own, timed at its ends) and of the whole call in
+    /// one pass, recorded again after truncating back. Needs a device with
+    /// `Features::TIMESTAMP_QUERY`; for benchmarks (the per-dispatch passes add their own gaps,
+    /// so the sum of the kernels is above the whole call's time).
+    #[doc(hidden)]
+    pub fn profile_blocking(
+        &mut self,
+        tokens: &[u32],
+        rows: usize,
+    ) -> Result<ForwardProfile, GpuModelError> {
+        let m = self.model.clone();
+        if !m
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(GpuModelError::Invalid(
+                "profiling needs a device created with Features::TIMESTAMP_QUERY".into(),
+            ));
+        }
+        let start = self.len;
+        // Once through the checked path: it validates, and grows the cache (submitted, since a
+        // grown cache's copy of the prefix is in that encoder).
+        let mut first = m.device.create_command_encoder(&Default::default());
+        self.record(&mut first, tokens, rows)?;
+        m.queue.submit([first.finish()]);
+        self.truncate(start)?;
+        let count = self.plan(tokens.len(), rows).0.len();
+        let period = f64::from(m.queue.get_timestamp_period());
+        let mut run = |per_dispatch: bool| -> Result<(Vec<Pipe>, Vec<u64>), GpuModelError> {
+            let queries = if per_dispatch { 2 * count } else { 2 } as u32;
+            let set = m.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("specdec.model profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: queries,
+            });
+            let resolved = buffer(
+                &m.device,
+                "specdec.model profile resolve",
+                queries as usize * 8,
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            );
+            let mut enc = m.device.create_command_encoder(&Default::default());
+            let timing = if per_dispatch {
+                Timing::PerDispatch(&set)
+            } else {
+                Timing::Whole(&set)
+            };
+            let pipes = crate::gpu::scoped(&m.device, || {
+                self.record_checked(&mut enc, tokens, rows, timing)
+            })??;
+            enc.resolve_query_set(&set, 0..queries, &resolved, 0);
+            m.queue.submit([enc.finish()]);
+            let raw = read_back(&m, &resolved, u64::from(queries) * 8)?;
+            Ok((pipes, bytemuck::cast_slice::<u8, u64>(&raw).to_vec()))
+        };
+        let (pipes, ticks) = run(true)?;
+        let mut kernels: Vec<(String, f64, usize)> = Vec::new();
+        for (i, pipe) in pipes.iter().enumerate() {
+            let ns = ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period;
+            let name = format!("{pipe:?}");
+            match kernels.iter_mut().find(|k| k.0 == name) {
+                Some(k) => {
+                    k.1 += ns;
+                    k.2 += 1;
+                }
+                None => kernels.push((name, ns, 1)),
+            }
+        }
+        let (_, whole) = run(false)?;
+        let total_ns = whole[1].saturating_sub(whole[0]) as f64 * period;
+        Ok(ForwardProfile { total_ns, kernels })
+    }
+}
+
+/// GPU time of one forward call ([`GpuSequence::profile_blocking`]).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct ForwardProfile {
+    /// The whole call in one compute pass, in nanoseconds.
+    pub total_ns: f64,
+    /// Per pipeline: its name, summed nanoseconds over its dispatches, and the dispatch count.
+    pub kernels: Vec<(String, f64, usize)>,
+}
+
+/// Copies `bytes` of `src` (a `COPY_SRC` buffer) to the host, blocking until the copy is done.
+fn read_back(m: &GpuModel, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuModelError> {
+    let gpu_err = |detail: String| GpuModelError::Gpu(crate::Error::Gpu { detail });
+    let (staging, submission) = crate::gpu::scoped(&m.device, || {
+        let staging = m.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("specdec.model readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = m
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("specdec.model readback"),
+            });
+        encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        let submission = m.queue.submit([encoder.finish()]);
+        (staging, submission)
+    })?;
+    let flag = Arc::new(Mutex::new(None));
+    let flag_c = flag.clone();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    });
+    m.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: None,
+        })
+        .map_err(|e| gpu_err(e.to_string()))?;
+    loop {
+        if let Some(r) = flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            r.map_err(|e| gpu_err(e.to_string()))?;
+            break;
+        }
+        let _ = m.device.poll(wgpu::PollType::Poll);
+        std::thread::yield_now();
+    }
+    let view = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| gpu_err(e.to_string()))?;
+    let out = view.to_vec();
+    drop(view);
+    staging.unmap();
+    Ok(out)
 }
