@@ -7,7 +7,7 @@
 //! cargo run --release --features candle --example gpu_forward_bench -- random-qwen-1.5b --rows 1,2,3,5,9
 //! ```
 //!
-//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled]
+//! Arguments: `MODEL [--rows 1,2,3,5,9] [--iters N] [--context N] [--lanes L] [--unrolled | --rolled]
 //! [--profile]`. MODEL is `smollm2`,
 //! `qwen-0.5b`, `qwen-1.5b`, a GGUF path, or `random-qwen-0.5b` / `random-qwen-1.5b` /
 //! `random-smollm2`: the real shapes with pseudo-random weights, for machines without the model
@@ -17,7 +17,7 @@
 //! Wall clock per call, from recording to a blocking wait on the device (and, apart, the
 //! host's recording of the dispatches into the encoder); the median of `iters` calls (default
 //! 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
-//! the adapter like the rest of the crate. `--lanes` and `--unrolled` set
+//! the adapter like the rest of the crate. `--lanes` and `--unrolled` / `--rolled` set
 //! [`GpuModelOptions::matmul_lanes`] and [`GpuModelOptions::matmul_unrolled`]. `--profile` then
 //! prints each row count's GPU time by kernel (timestamp queries, each dispatch in a pass of its
 //! own) and the whole call's GPU time in one pass.
@@ -47,7 +47,7 @@ struct Args {
     iters: usize,
     context: usize,
     lanes: Option<u32>,
-    unrolled: bool,
+    unrolled: Option<bool>,
     profile: bool,
 }
 
@@ -59,7 +59,7 @@ fn parse() -> Result<Args, String> {
         iters: 20,
         context: 128,
         lanes: None,
-        unrolled: false,
+        unrolled: None,
         profile: false,
     };
     while let Some(arg) = args.next() {
@@ -72,7 +72,8 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--lanes" => a.lanes = Some(value("--lanes")?.parse().map_err(|_| "bad --lanes")?),
-            "--unrolled" => a.unrolled = true,
+            "--unrolled" => a.unrolled = Some(true),
+            "--rolled" => a.unrolled = Some(false),
             "--profile" => a.profile = true,
             "--iters" => a.iters = value("--iters")?.parse().map_err(|_| "bad --iters")?,
             "--context" => a.context = value("--context")?.parse().map_err(|_| "bad --context")?,

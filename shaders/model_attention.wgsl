@@ -1,44 +1,54 @@
 // attention: causal grouped-query attention of query rows 0..rows (positions pos + m) against
-// the key/value cache, one workgroup per (head, row).
+// the key/value cache, one workgroup per (head, row); the output written as 8-bit blocks
+// (model_common.wgsl), the input form of matmul_q8.
 //
 //   Q:       f32[rows, heads · head_dim]          (roped)
 //   K, V:    f32[capacity, kv_heads · head_dim]   position-major cache of one layer (K roped)
 //   scratch: f32[rows · heads, scratch_stride]    the scores, then their exponentials
-//   O:       f32[rows, heads · head_dim]
+//   O:       8-bit blocks of [rows, heads · head_dim]
 //
 // Query head h reads kv head h / (heads / kv_heads). For position p = pos + m:
-//   s_j = (q · k_j) · scale, j = 0..=p;  e_j = exp(s_j − max s);  o = Σ_j (e_j / Σ e) · v_j.
-// Every sum has a fixed order that depends on p alone (dot products in increasing d; partial
-// sums of thread t over j ≡ t mod 64, then a fixed tree; o in increasing j), so a row's output is
-// the same bits whatever other rows share the call.
+//   s_j = (q · k_j) · scale, j = 0..=p;  e_j = exp(s_j − max s);  o = (Σ_j e_j · v_j) / Σ e.
+// Every sum has a fixed order that depends on p and the head shape alone, so a row's output is
+// the same bits whatever other rows share the call: q · k_j over the head's words in increasing
+// order; Σ e over j ≡ t mod 128 per thread t, then a fixed tree; o per column word c over the
+// j ≡ s mod S of each of the S = 128 / (head_dim / 4) slices, then the slices in order.
+// Needs head_dim % 32 == 0 and head_dim ≤ 512.
 
-const WG: u32 = 64u;
+const WG: u32 = 128u;
 
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> vc: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> scratch: array<f32>;
-@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+@group(0) @binding(5) var<storage, read_write> oq: array<u32>;
+@group(0) @binding(6) var<storage, read_write> od: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
+var<workgroup> qh: array<vec4<f32>, WG>;
+var<workgroup> acc: array<vec4<f32>, WG>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let m = wid.y;
-    let hd = P.head_dim;
+    let hw = P.head_dim / 4u;
     let p = P.pos + m;
     let kvh = h / (P.heads / P.kv_heads);
-    let kvdim = P.kv_heads * hd;
-    let qb = m * P.heads * hd + h * hd;
+    let kvw = P.kv_heads * hw;
+    let qb = (m * P.heads + h) * hw;
     let sb = (m * P.heads + h) * P.scratch_stride;
+    if (li < hw) {
+        qh[li] = q[qb + li];
+    }
+    workgroupBarrier();
 
     var mx = bitcast<f32>(0xff800000u);
     for (var j = li; j <= p; j += WG) {
-        let kb = j * kvdim + kvh * hd;
+        let kb = j * kvw + kvh * hw;
         var s = 0.0;
-        for (var d = 0u; d < hd; d++) {
-            s += q[qb + d] * kc[kb + d];
+        for (var d = 0u; d < hw; d++) {
+            s += dot(qh[d], kc[kb + d]);
         }
         s = s * P.scale;
         scratch[sb + j] = s;
@@ -73,11 +83,39 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     // The exponentials were written by other threads of this workgroup.
     storageBarrier();
 
-    for (var d = li; d < hd; d += WG) {
-        var acc = 0.0;
-        for (var j = 0u; j <= p; j++) {
-            acc += (scratch[sb + j] / total) * vc[j * kvdim + kvh * hd + d];
+    let slices = WG / hw;
+    let c = li % hw;
+    let slice = li / hw;
+    var a = vec4<f32>(0.0);
+    if (slice < slices) {
+        let vb = kvh * hw + c;
+        for (var j = slice; j <= p; j += slices) {
+            a += scratch[sb + j] * vc[j * kvw + vb];
         }
-        o[qb + d] = acc;
+    }
+    acc[li] = a;
+    workgroupBarrier();
+    var o = vec4<f32>(0.0);
+    if (li < hw) {
+        o = acc[li];
+        for (var s = 1u; s < slices; s++) {
+            o += acc[s * hw + li];
+        }
+        o = o / total;
+        red[li] = max4(o);
+    }
+    workgroupBarrier();
+    if (li < hw) {
+        let g = li & ~7u;
+        var amax = red[g];
+        for (var j = 1u; j < 8u; j++) {
+            amax = max(amax, red[g + j]);
+        }
+        let sc = q8_scale(amax);
+        let word = qb + li;
+        oq[word] = q8_word(o, sc.y);
+        if ((li & 7u) == 0u) {
+            od[word / 8u] = sc.x;
+        }
     }
 }

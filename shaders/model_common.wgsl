@@ -46,3 +46,26 @@ struct Params {
 fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
 }
+
+// 8-bit activation blocks, the input form of matmul_q8: 32 consecutive values of a row as int8
+// q = round(v / d) (ties to even), packed 4 to a word, little end first, and one f32 scale
+// d = max |v| / 127 per block (0 for an all-zero block). The host reference
+// (src/models/gpu/reference.rs) rounds the same way.
+
+// (d, 1/d) of a block whose largest magnitude is `amax`.
+fn q8_scale(amax: f32) -> vec2<f32> {
+    let d = amax / 127.0;
+    return vec2<f32>(d, select(0.0, 1.0 / d, d > 0.0));
+}
+
+// Four values as one word of int8, little end first.
+fn q8_word(v: vec4<f32>, id: f32) -> u32 {
+    let q = vec4<i32>(clamp(round(v * id), vec4<f32>(-127.0), vec4<f32>(127.0)));
+    return (u32(q.x) & 0xffu) | ((u32(q.y) & 0xffu) << 8u) | ((u32(q.z) & 0xffu) << 16u)
+        | ((u32(q.w) & 0xffu) << 24u);
+}
+
+fn max4(v: vec4<f32>) -> f32 {
+    let a = abs(v);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}

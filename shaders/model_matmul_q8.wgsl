@@ -2,13 +2,21 @@
 // the output rows n of one Q8_0 weight part, weight-stationary: each workgroup reads ROWS_PER_WG
 // weight rows once and applies every block it reads to all M ≤ 16 input rows.
 //
-// Q8_0 part layout (see src/models/gpu/weights.rs):
-//   qs:     u32[rows · K / 4]   4 int8 per word, little end first
-//   scales: f32[rows · K / 32]  one per block of 32 consecutive elements of a row
+// Both operands are 8-bit: the weights in Q8_0 blocks, the input rows quantized by the kernel
+// that wrote them (rmsnorm, attention, swiglu) to the same form, 32 int8 and one f32 scale per
+// block. A block's dot product is then 8 packed 4×8-bit integer dot products (exact, so their
+// order does not matter), scaled once: f32(Σ q_w · q_x) · d_w · d_x. This is the arithmetic
+// of llama.cpp's GPU backends and of candle's CPU Q8_0 kernels; per weight it costs a quarter of
+// an instruction for any number of input rows, where f32 inputs cost an unpack and a multiply
+// per row, and an 8-bit row is a quarter of the bytes to read per block.
+//
+// Layouts (see src/models/gpu/weights.rs and sequence.rs):
+//   qs, scales:  weights, u32[rows · K / 4] (4 int8 per word, little end first) and
+//                f32[rows · K / 32]
+//   xq, xd:      input rows the same way, row m's element e at word (in_offset + m · K + e) / 4
 //
 // Workgroup: ROWS_PER_WG output rows × LANES lanes (override constants, set per device). Lane l
-// of row n handles the blocks b ≡ l mod LANES in increasing b: a block's sum is
-// Σ_{j<8} dot(q_j, x_j) in increasing j, times the block's scale, added to the lane's
+// of row n handles the blocks b ≡ l mod LANES in increasing b and adds each block's value to its
 // accumulator; after one barrier, one lane per input row adds the LANES partial sums in lane
 // order. The order depends on K and LANES alone, never on M or on the part, so a row's output
 // is the same bits whether it is computed alone or with 15 others (speculative greedy == plain
@@ -19,10 +27,11 @@
 // Output element (m, n): out_offset + m · out_stride + row_base + n.
 
 override HAS_BIAS: bool = false;
-// Accumulators in 16 named variables (true) or one register per input row, the rows one after
-// another (false, default; lavapipe runs all 16 guarded sums of the named form: 4.6× slower at
-// one row). Both add the same terms in the same order, and either is one program for every row
-// count, so rows scored together equal rows scored alone in both.
+// The input rows inside the block loop, each with an accumulator in a named register (true: a
+// weight block is read once for all rows), or the block loop inside a loop over the rows with
+// one accumulator (false: the block is read again per row, from cache; lavapipe runs all 16
+// guarded sums of the named form, so CPU adapters use this). Both add the same terms in the same
+// order with one program for every row count, so rows scored together equal rows scored alone.
 override UNROLLED: bool = false;
 override RESIDUAL: bool = false;
 
@@ -32,60 +41,44 @@ override ROWS_PER_WG: u32 = 8u;
 override WG: u32 = 256u;
 const MAX_M: u32 = 16u;
 
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> qs: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<storage, read> xd: array<f32>;
 
 var<workgroup> partial: array<f32, 4096>; // WG · MAX_M
 
-// The 4 int8 of a word, little end first, as f32.
-fn unpack(w: u32) -> vec4<f32> {
-    return vec4<f32>(
-        f32(bitcast<i32>(w << 24u) >> 24u),
-        f32(bitcast<i32>(w << 16u) >> 24u),
-        f32(bitcast<i32>(w << 8u) >> 24u),
-        f32(bitcast<i32>(w) >> 24u),
-    );
-}
-
-// One block of 32 weights, unpacked.
+// One block: its 32 int8 as two vec4<u32>, and its scale.
 struct Block {
-    q0: vec4<f32>,
-    q1: vec4<f32>,
-    q2: vec4<f32>,
-    q3: vec4<f32>,
-    q4: vec4<f32>,
-    q5: vec4<f32>,
-    q6: vec4<f32>,
-    q7: vec4<f32>,
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+    d: f32,
 }
 
-// Σ_{j<8} dot(q_j, x[xb + j]) in increasing j.
-fn block_sum(w: Block, xb: u32) -> f32 {
-    var s = dot(w.q0, x[xb]);
-    s = s + dot(w.q1, x[xb + 1u]);
-    s = s + dot(w.q2, x[xb + 2u]);
-    s = s + dot(w.q3, x[xb + 3u]);
-    s = s + dot(w.q4, x[xb + 4u]);
-    s = s + dot(w.q5, x[xb + 5u]);
-    s = s + dot(w.q6, x[xb + 6u]);
-    s = s + dot(w.q7, x[xb + 7u]);
-    return s;
+fn weight_block(n: u32, blocks: u32, b: u32) -> Block {
+    let at = n * blocks + b;
+    return Block(qs[2u * at], qs[2u * at + 1u], scales[at]);
 }
 
-// Block b of weight row n (K = k, blocks per row = blocks) applied to the x words from xb on,
-// times the block's scale: the same terms, in the same order, as the named-accumulator path.
-fn block_row(n: u32, k: u32, blocks: u32, b: u32, xb: u32) -> f32 {
-    let at = (n * k + b * 32u) / 16u;
-    let lo = qs[at];
-    let hi = qs[at + 1u];
-    let w = Block(
-        unpack(lo.x), unpack(lo.y), unpack(lo.z), unpack(lo.w),
-        unpack(hi.x), unpack(hi.y), unpack(hi.z), unpack(hi.w),
-    );
-    return block_sum(w, xb) * scales[n * blocks + b];
+// Block xb of the input (a block index counted from word 0 of xq).
+fn input_block(xb: u32) -> Block {
+    return Block(xq[2u * xb], xq[2u * xb + 1u], xd[xb]);
+}
+
+// The value of one block pair: the exact integer dot product, scaled.
+fn block_dot(w: Block, x: Block) -> f32 {
+    let s = dot4I8Packed(w.lo.x, x.lo.x) + dot4I8Packed(w.lo.y, x.lo.y)
+        + dot4I8Packed(w.lo.z, x.lo.z) + dot4I8Packed(w.lo.w, x.lo.w)
+        + dot4I8Packed(w.hi.x, x.hi.x) + dot4I8Packed(w.hi.y, x.hi.y)
+        + dot4I8Packed(w.hi.z, x.hi.z) + dot4I8Packed(w.hi.w, x.hi.w);
+    return f32(s) * w.d * x.d;
+}
+
+// Row m's block b, m counted within the chunk: its block index in xq.
+fn xblock(m: u32, blocks: u32, b: u32) -> u32 {
+    return P.in_offset / 32u + m * blocks + b;
 }
 
 @compute @workgroup_size(WG)
@@ -97,9 +90,7 @@ fn main(
     let lane = li % LANES;
     let r = li / LANES;
     let n = group_index(wid, nwg) * ROWS_PER_WG + r;
-    let k = P.width;
-    let k4 = k / 4u;
-    let blocks = k / 32u;
+    let blocks = P.width / 32u;
     let rows = min(P.rows, MAX_M);
     var a0 = 0.0;
     var a1 = 0.0;
@@ -119,32 +110,24 @@ fn main(
     var a15 = 0.0;
     if (UNROLLED && n < P.out_rows) {
         for (var b = lane; b < blocks; b += LANES) {
-            // A block is 32 bytes, two aligned vec4<u32>.
-            let at = (n * k + b * 32u) / 16u;
-            let lo = qs[at];
-            let hi = qs[at + 1u];
-            let w = Block(
-                unpack(lo.x), unpack(lo.y), unpack(lo.z), unpack(lo.w),
-                unpack(hi.x), unpack(hi.y), unpack(hi.z), unpack(hi.w),
-            );
-            let d = scales[n * blocks + b];
-            let xb = (P.in_offset + b * 32u) / 4u;
-            if (rows > 0u) { a0 = a0 + block_sum(w, xb + 0u * k4) * d; }
-            if (rows > 1u) { a1 = a1 + block_sum(w, xb + 1u * k4) * d; }
-            if (rows > 2u) { a2 = a2 + block_sum(w, xb + 2u * k4) * d; }
-            if (rows > 3u) { a3 = a3 + block_sum(w, xb + 3u * k4) * d; }
-            if (rows > 4u) { a4 = a4 + block_sum(w, xb + 4u * k4) * d; }
-            if (rows > 5u) { a5 = a5 + block_sum(w, xb + 5u * k4) * d; }
-            if (rows > 6u) { a6 = a6 + block_sum(w, xb + 6u * k4) * d; }
-            if (rows > 7u) { a7 = a7 + block_sum(w, xb + 7u * k4) * d; }
-            if (rows > 8u) { a8 = a8 + block_sum(w, xb + 8u * k4) * d; }
-            if (rows > 9u) { a9 = a9 + block_sum(w, xb + 9u * k4) * d; }
-            if (rows > 10u) { a10 = a10 + block_sum(w, xb + 10u * k4) * d; }
-            if (rows > 11u) { a11 = a11 + block_sum(w, xb + 11u * k4) * d; }
-            if (rows > 12u) { a12 = a12 + block_sum(w, xb + 12u * k4) * d; }
-            if (rows > 13u) { a13 = a13 + block_sum(w, xb + 13u * k4) * d; }
-            if (rows > 14u) { a14 = a14 + block_sum(w, xb + 14u * k4) * d; }
-            if (rows > 15u) { a15 = a15 + block_sum(w, xb + 15u * k4) * d; }
+            let w = weight_block(n, blocks, b);
+            let x0 = xblock(0u, blocks, b);
+            if (rows > 0u) { a0 = a0 + block_dot(w, input_block(x0)); }
+            if (rows > 1u) { a1 = a1 + block_dot(w, input_block(x0 + 1u * blocks)); }
+            if (rows > 2u) { a2 = a2 + block_dot(w, input_block(x0 + 2u * blocks)); }
+            if (rows > 3u) { a3 = a3 + block_dot(w, input_block(x0 + 3u * blocks)); }
+            if (rows > 4u) { a4 = a4 + block_dot(w, input_block(x0 + 4u * blocks)); }
+            if (rows > 5u) { a5 = a5 + block_dot(w, input_block(x0 + 5u * blocks)); }
+            if (rows > 6u) { a6 = a6 + block_dot(w, input_block(x0 + 6u * blocks)); }
+            if (rows > 7u) { a7 = a7 + block_dot(w, input_block(x0 + 7u * blocks)); }
+            if (rows > 8u) { a8 = a8 + block_dot(w, input_block(x0 + 8u * blocks)); }
+            if (rows > 9u) { a9 = a9 + block_dot(w, input_block(x0 + 9u * blocks)); }
+            if (rows > 10u) { a10 = a10 + block_dot(w, input_block(x0 + 10u * blocks)); }
+            if (rows > 11u) { a11 = a11 + block_dot(w, input_block(x0 + 11u * blocks)); }
+            if (rows > 12u) { a12 = a12 + block_dot(w, input_block(x0 + 12u * blocks)); }
+            if (rows > 13u) { a13 = a13 + block_dot(w, input_block(x0 + 13u * blocks)); }
+            if (rows > 14u) { a14 = a14 + block_dot(w, input_block(x0 + 14u * blocks)); }
+            if (rows > 15u) { a15 = a15 + block_dot(w, input_block(x0 + 15u * blocks)); }
         }
     }
     let mine = (r * LANES + lane) * MAX_M;
@@ -167,12 +150,11 @@ fn main(
         if (rows > 15u) { partial[mine + 15u] = a15; }
     } else if (n < P.out_rows) {
         // One input row at a time with one accumulator in a register: an array indexed by the
-        // row lives in local memory on GPUs. The weight block is read again for each row, from
-        // cache: the workgroup's ROWS_PER_WG weight rows are at most a few tens of KB.
+        // row lives in local memory on GPUs.
         for (var m = 0u; m < rows; m++) {
             var a = 0.0;
             for (var b = lane; b < blocks; b += LANES) {
-                a = a + block_row(n, k, blocks, b, (P.in_offset + b * 32u) / 4u + m * k4);
+                a = a + block_dot(weight_block(n, blocks, b), input_block(xblock(m, blocks, b)));
             }
             partial[mine + m] = a;
         }

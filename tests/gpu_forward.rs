@@ -19,10 +19,11 @@ use specdec::models::{
 
 /// Largest |GPU − CPU| allowed on any logit of the prompt. The two are different
 /// approximations of the same model: the CPU keeps the file's Q4_1 weights and rounds each
-/// matmul input to 8 bits (candle's Q8_1 activations), the GPU keeps f32 activations over the
-/// weights re-quantized to Q8_0. Measured on the 16-token prompt below (lavapipe, x86-64 AVX2):
-/// 1.22 with the largest |logit| 41.8 and every argmax equal; the bound leaves ~20% room.
-const CPU_TOLERANCE: f32 = 1.5;
+/// matmul input to 8-bit blocks with f16 scales (candle's Q8 activations), the GPU re-quantizes
+/// the weights to Q8_0 and rounds each matmul input to 8-bit blocks with f32 scales. Measured on
+/// the 16-token prompt below (lavapipe, x86-64 AVX2): 1.67 with the largest |logit| 41.8 and
+/// every argmax equal (1.22 when the GPU kept f32 activations); the bound leaves ~20% room.
+const CPU_TOLERANCE: f32 = 2.0;
 
 /// A 16-token prompt (SmolLM2 ids of a short Python function).
 const PROMPT: &[u32] = &[
@@ -134,11 +135,18 @@ fn q8_round_trip_is_within_half_a_step() {
     assert!(zero.qs.iter().all(|&w| w == 0) && zero.scales == [0.0]);
 }
 
-/// Largest |GPU − reference| allowed, the reference being the same forward in f64 over the same
-/// Q8_0 weights ([`HostModel::reference_forward`]): what is left is f32 rounding in the kernels
-/// (and the rope table's f32 angles). Measured on the first 8 prompt positions (lavapipe):
-/// 2e-5 with logits up to ~40; the bound leaves 50× for devices that fuse or order differently.
-const REFERENCE_TOLERANCE: f32 = 1e-3;
+/// Largest |GPU − reference| allowed, relative to the largest |logit|, the reference being the
+/// same forward in f64 over the same Q8_0 weights and the same 8-bit activation blocks
+/// ([`HostModel::reference_forward`]). Where every activation rounds to the same 8-bit step on
+/// both sides, what is left is f32 rounding (measured on lavapipe: 2.4e-7 with logits up to 2,
+/// a small random model over 8 positions). An
+/// activation that lies within f32 rounding of the midpoint between two 8-bit steps rounds to
+/// one step on the GPU and the other in the f64 reference; the step (1/127 of its block's
+/// largest value) then moves everything downstream, and through the KV cache every later
+/// position. Measured on lavapipe: 2.1 % over 8 SmolLM2 positions (30 layers), 1.0 % over 20
+/// positions of a 2-layer random model where one flip came at position 8 (0 before it). The
+/// negative controls are many times further.
+const FLIP_TOLERANCE: f32 = 0.05;
 
 #[test]
 fn gpu_logits_match_the_f64_reference() {
@@ -160,14 +168,17 @@ fn gpu_logits_match_the_f64_reference() {
         "GPU vs f64 reference over {} rows: max |diff| {diff:.5}, argmax agrees on {agree}",
         tokens.len()
     );
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(
-        diff <= REFERENCE_TOLERANCE,
-        "max |GPU − reference| = {diff}"
+        diff <= FLIP_TOLERANCE * scale,
+        "max |GPU − reference| = {diff}, largest |logit| {scale}"
     );
     assert_eq!(agree, tokens.len());
     // Negative control: one layer fewer in the reference is far off.
     let short = host_model().reference_forward(tokens, model.config().layers - 1);
-    assert!(max_abs_diff(&gpu, &short) > 100.0 * REFERENCE_TOLERANCE);
+    let far = max_abs_diff(&gpu, &short);
+    eprintln!("one layer fewer: max |diff| {far:.3}");
+    assert!(far > 4.0 * FLIP_TOLERANCE * scale);
 }
 
 #[test]
@@ -498,7 +509,7 @@ fn a_random_qwen2_shape_matches_the_f64_reference() {
     for unrolled in [false, true] {
         let options = GpuModelOptions {
             max_binding_bytes: Some(400 * 192),
-            matmul_unrolled: unrolled,
+            matmul_unrolled: Some(unrolled),
             ..Default::default()
         };
         let model = GpuModel::upload(&host, device, queue, &options).unwrap();
@@ -520,7 +531,7 @@ fn check_random_qwen2(host: &HostModel, model: Arc<GpuModel>) {
     let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     eprintln!("random qwen2 shape: max |GPU − reference| {diff:.2e}, largest |logit| {scale:.3}");
     assert!(scale > 0.1, "degenerate logits");
-    assert!(diff <= REFERENCE_TOLERANCE * scale.max(1.0));
+    assert!(diff <= FLIP_TOLERANCE * scale.max(1.0));
     // Negative controls: the other rope pairing, or no biases, are far from the GPU.
     // (`HostModel::random` draws the same matrices for configs that differ in these alone.)
     let swapped = HostModel::random(
@@ -539,7 +550,10 @@ fn check_random_qwen2(host: &HostModel, model: Arc<GpuModel>) {
     );
     for (what, other) in [("rope pairing", swapped), ("biases", unbiased)] {
         let far = max_abs_diff(&gpu, &other.reference_forward(&tokens, config.layers));
-        assert!(far > 100.0 * diff.max(1e-6), "{what}: {far}");
+        eprintln!("other {what}: max |diff| {far:.3}");
+        // Several times further from the GPU than the reference is (measured 0.29 and more
+        // against 0.022 with one flip, 2.4e-7 without).
+        assert!(far > 4.0 * diff.max(1e-3), "{what}: {far}");
     }
     let mut one = GpuSequence::new(model).unwrap();
     let singles: Vec<f32> = tokens
@@ -630,9 +644,9 @@ fn qwen_0_5b_matches_the_cpu_forward() {
         tokens.len(),
         agree(&gpu, &cpu)
     );
-    // Measured (lavapipe): 0.65 from candle with logits up to 21.8, every argmax equal; 1.7e-5
-    // from the reference.
-    assert!(to_ref <= REFERENCE_TOLERANCE, "{to_ref}");
+    // Measured (lavapipe, f32 activations): 0.65 from candle with logits up to 21.8, every
+    // argmax equal; 1.7e-5 from the reference.
+    assert!(to_ref <= FLIP_TOLERANCE * scale, "{to_ref}");
     assert!(to_cpu <= CPU_TOLERANCE, "{to_cpu}");
     assert_eq!(agree(&gpu, &cpu), tokens.len());
 }

@@ -92,11 +92,11 @@ impl ModelKernel {
     fn storage_bindings(self) -> &'static [bool] {
         match self {
             ModelKernel::Embed => &[true, true, true, false],
-            ModelKernel::RmsNorm => &[true, true, false],
-            ModelKernel::MatmulQ8 => &[true, true, true, true, false],
+            ModelKernel::RmsNorm => &[true, true, false, false],
+            ModelKernel::MatmulQ8 => &[true, true, true, true, false, true],
             ModelKernel::Rope => &[true, false],
-            ModelKernel::Attention => &[true, true, true, false, false],
-            ModelKernel::Swiglu => &[true, false],
+            ModelKernel::Attention => &[true, true, true, false, false, false],
+            ModelKernel::Swiglu => &[true, false, false],
         }
     }
 }
@@ -167,6 +167,13 @@ pub(crate) fn default_lanes(device: &wgpu::Device) -> u32 {
         wgpu::DeviceType::Cpu => 4,
         _ => 32,
     }
+}
+
+/// Whether the matmul keeps its per-row sums in named registers when the options do not say:
+/// on GPUs (a weight block read once for all rows), not on CPU adapters (lavapipe evaluates
+/// every guarded sum of the named form).
+pub(crate) fn default_unrolled(device: &wgpu::Device) -> bool {
+    device.adapter_info().device_type != wgpu::DeviceType::Cpu
 }
 
 /// The pipelines and bind group layouts of the model kernels on one device, built once per

@@ -1,7 +1,10 @@
 //! The GPU forward pass computed on the host in f64 over the same Q8_0 weights: the reference
 //! the kernels are tested against. It shares the kernels' inputs exactly (weights, rope angles,
-//! epsilon) and none of their rounding, so the gap to the GPU measures the kernels' f32
-//! arithmetic alone, without the quantization differences that separate the GPU from candle.
+//! epsilon) and their one deliberate rounding, the 8-bit blocks every matmul input is quantized
+//! to (`shaders/model_common.wgsl`), and none of their f32 arithmetic, so the gap to the GPU
+//! measures that arithmetic alone. (A value lying within f32 rounding of a quantization step's
+//! midpoint can round to the neighbouring step on one side and not the other; the tests'
+//! tolerance covers those rare flips.)
 
 use super::weights::{HostModel, Q8Matrix};
 use crate::models::RopeStyle;
@@ -11,6 +14,23 @@ fn matvec(w: &Q8Matrix, x: &[f64]) -> Vec<f64> {
     (0..w.rows)
         .map(|n| (0..w.cols).map(|k| f64::from(w.get(n, k)) * x[k]).sum())
         .collect()
+}
+
+/// `x` through the 8-bit activation blocks the matmul reads: per 32 values, `d = max|v| / 127`
+/// and `q = round(v / d)` (ties to even), all in f32 as on the GPU; returns `q · d`.
+fn q8_round(x: &[f64]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for block in x.chunks(32) {
+        let v: Vec<f32> = block.iter().map(|&v| v as f32).collect();
+        let amax = v.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(
+            v.iter()
+                .map(|v| f64::from((v * id).round_ties_even().clamp(-127.0, 127.0)) * f64::from(d)),
+        );
+    }
+    out
 }
 
 fn rms_norm(x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
@@ -58,7 +78,7 @@ impl HostModel {
                 .map(|i| f64::from(self.embedding.get(t as usize, i)))
                 .collect();
             for (l, b) in self.blocks[..layers].iter().enumerate() {
-                let h = rms_norm(&x, &b.attn_norm, c.rms_eps);
+                let h = q8_round(&rms_norm(&x, &b.attn_norm, c.rms_eps));
                 let mut q = matvec(&b.q, &h);
                 let mut k = matvec(&b.k, &h);
                 let mut v = matvec(&b.v, &h);
@@ -93,9 +113,9 @@ impl HostModel {
                         }
                     }
                 }
-                let o = matvec(&b.o, &att);
+                let o = matvec(&b.o, &q8_round(&att));
                 x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-                let h = rms_norm(&x, &b.ffn_norm, c.rms_eps);
+                let h = q8_round(&rms_norm(&x, &b.ffn_norm, c.rms_eps));
                 let gate = matvec(&b.gate, &h);
                 let up = matvec(&b.up, &h);
                 let act: Vec<f64> = gate
@@ -103,10 +123,10 @@ impl HostModel {
                     .zip(&up)
                     .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                     .collect();
-                let down = matvec(&b.down, &act);
+                let down = matvec(&b.down, &q8_round(&act));
                 x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
             }
-            let h = rms_norm(&x, &self.output_norm, c.rms_eps);
+            let h = q8_round(&rms_norm(&x, &self.output_norm, c.rms_eps));
             let head = self.head.as_ref().unwrap_or(&self.embedding);
             out.extend(matvec(head, &h).into_iter().map(|v| v as f32));
         }

@@ -70,21 +70,29 @@ struct Dispatch {
     grid: (u32, u32),
 }
 
+/// An activation in the 8-bit block form the matmul reads (`shaders/model_common.wgsl`): 4
+/// int8 per word and one f32 scale per 32 values.
+#[derive(Debug)]
+struct Q8Act {
+    q: wgpu::Buffer,
+    d: wgpu::Buffer,
+}
+
 /// The activation buffers, `MAX_ROWS` rows each.
 #[derive(Debug)]
 struct Activations {
     /// Residual stream `[rows, hidden]`.
     x: wgpu::Buffer,
-    /// Normed stream `[rows, hidden]`.
-    h: wgpu::Buffer,
+    /// Normed stream `[rows, hidden]`, 8-bit.
+    h: Q8Act,
     /// Queries `[rows, heads · head_dim]`.
     q: wgpu::Buffer,
-    /// Attention output `[rows, heads · head_dim]`.
-    att: wgpu::Buffer,
+    /// Attention output `[rows, heads · head_dim]`, 8-bit.
+    att: Q8Act,
     /// Gate and up side by side `[rows, 2·ffn]`.
     gu: wgpu::Buffer,
-    /// Their SwiGLU product `[rows, ffn]`.
-    a: wgpu::Buffer,
+    /// Their SwiGLU product `[rows, ffn]`, 8-bit.
+    a: Q8Act,
 }
 
 /// The logits of the last forward call on the GPU: `rows × vocab` f32, row-major, from byte 0
@@ -175,13 +183,17 @@ impl GpuSequence {
         let seq = crate::gpu::scoped(&device, || {
             let f =
                 |label: &str, width: usize| buffer(&device, label, MAX_ROWS * width * 4, STORAGE);
+            let q8 = |label: &str, width: usize| Q8Act {
+                q: buffer(&device, label, MAX_ROWS * width, STORAGE),
+                d: buffer(&device, label, MAX_ROWS * width / 32 * 4, STORAGE),
+            };
             let act = Activations {
                 x: f("specdec.model x", c.hidden),
-                h: f("specdec.model h", c.hidden),
+                h: q8("specdec.model h", c.hidden),
                 q: f("specdec.model q", qd),
-                att: f("specdec.model att", qd),
+                att: q8("specdec.model att", qd),
                 gu: f("specdec.model gate+up", 2 * c.ffn),
-                a: f("specdec.model act", c.ffn),
+                a: q8("specdec.model act", c.ffn),
             };
             let placeholder = |label| buffer(&device, label, 16, STORAGE);
             GpuSequence {
@@ -602,7 +614,7 @@ impl Planner<'_> {
             width: c.ffn as u32,
             ..base
         };
-        let gs = grid_2d((n * c.ffn).div_ceil(WG), self.max_dim);
+        let gs = grid_2d((n * c.ffn / 4).div_ceil(WG), self.max_dim);
         self.push(Pipe::Swiglu, Group::Swiglu, swiglu, gs);
         self.matmul(
             residual,
@@ -711,36 +723,24 @@ impl GpuSequence {
         }
         for (i, p) in m.head().parts.iter().enumerate() {
             let g = Group::Head(i);
-            add(
-                g,
-                ModelKernel::MatmulQ8,
-                &[&a.h, &p.qs, &p.scales, &m.dummy, &self.logits],
-            );
+            let bufs = [&a.h.q, &p.qs, &p.scales, &m.dummy, &self.logits, &a.h.d];
+            add(g, ModelKernel::MatmulQ8, &bufs);
         }
-        add(
-            Group::FinalNorm,
-            ModelKernel::RmsNorm,
-            &[&a.x, &m.output_norm, &a.h],
-        );
+        let final_norm = [&a.x, &m.output_norm, &a.h.q, &a.h.d];
+        add(Group::FinalNorm, ModelKernel::RmsNorm, &final_norm);
         add(Group::RopeQ, ModelKernel::Rope, &[&m.rope_table, &a.q]);
-        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a]);
+        add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a.q, &a.a.d]);
         for (l, b) in m.blocks[..self.layers].iter().enumerate() {
             let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
-            add(
-                Group::AttnNorm(l),
-                ModelKernel::RmsNorm,
-                &[&a.x, &b.attn_norm, &a.h],
-            );
-            add(
-                Group::FfnNorm(l),
-                ModelKernel::RmsNorm,
-                &[&a.x, &b.ffn_norm, &a.h],
-            );
+            let attn_norm = [&a.x, &b.attn_norm, &a.h.q, &a.h.d];
+            add(Group::AttnNorm(l), ModelKernel::RmsNorm, &attn_norm);
+            let ffn_norm = [&a.x, &b.ffn_norm, &a.h.q, &a.h.d];
+            add(Group::FfnNorm(l), ModelKernel::RmsNorm, &ffn_norm);
             add(Group::RopeK(l), ModelKernel::Rope, &[&m.rope_table, kc]);
-            let att = [&a.q, kc, vc, &self.scratch, &a.att];
+            let att = [&a.q, kc, vc, &self.scratch, &a.att.q, &a.att.d];
             add(Group::Attention(l), ModelKernel::Attention, &att);
             let bias = |i: usize| b.bias.as_ref().map_or(&m.dummy, |bs| &bs[i]);
-            let mats: [(Mat, &GpuMatrix, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer); 6] = [
+            let mats: [(Mat, &GpuMatrix, &Q8Act, &wgpu::Buffer, &wgpu::Buffer); 6] = [
                 (Mat::Q, &b.q, &a.h, bias(0), &a.q),
                 (Mat::K, &b.k, &a.h, bias(1), kc),
                 (Mat::V, &b.v, &a.h, bias(2), vc),
@@ -750,7 +750,7 @@ impl GpuSequence {
             ];
             for (which, w, input, bias, output) in mats {
                 for (i, p) in w.parts.iter().enumerate() {
-                    let bufs = [input, &p.qs, &p.scales, bias, output];
+                    let bufs = [&input.q, &p.qs, &p.scales, bias, output, &input.d];
                     add(Group::Mat(l, which, i), ModelKernel::MatmulQ8, &bufs);
                 }
             }

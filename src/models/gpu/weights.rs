@@ -181,11 +181,13 @@ pub struct GpuModelOptions {
     /// GPU, 4 on a CPU adapter). Tuning only, but it sets the summation order, so logits move
     /// in their last bits when it changes; rows scored together still equal rows scored alone.
     pub matmul_lanes: Option<u32>,
-    /// Keep the matmul's per-row sums in 16 named variables instead of an array (the WGSL
-    /// `UNROLLED` override of `shaders/model_matmul_q8.wgsl`). Off by default: 4.6× slower on
-    /// lavapipe at one row, where every guarded sum runs; meant for measuring on GPUs, where the
-    /// array may spill to memory. The summation order is the same either way.
-    pub matmul_unrolled: bool,
+    /// How the matmul keeps its per-row sums (the WGSL `UNROLLED` override of
+    /// `shaders/model_matmul_q8.wgsl`): `Some(true)`, in 16 named variables inside the block
+    /// loop, each weight block read once for all rows; `Some(false)`, one row at a time, the
+    /// block read again per row from cache. None: named on GPUs, one at a time on CPU adapters
+    /// (lavapipe runs every guarded sum of the named form: 4.6× slower at one row). The
+    /// summation order is the same either way.
+    pub matmul_unrolled: Option<bool>,
 }
 
 /// One transformer block's tensors on the host.
@@ -462,7 +464,13 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(device, lanes, options.matmul_unrolled),
+                pipelines: Pipelines::new(
+                    device,
+                    lanes,
+                    options
+                        .matmul_unrolled
+                        .unwrap_or_else(|| super::kernels::default_unrolled(device)),
+                ),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
@@ -576,10 +584,12 @@ fn check_config(c: &Config) -> Result<(), GpuModelError> {
             c.hidden, c.ffn
         ));
     }
-    if !(c.heads * c.head_dim).is_multiple_of(Q8_BLOCK) || !c.head_dim.is_multiple_of(2) {
+    // The attention kernel writes each head's output as whole 8-bit blocks and keeps a head's
+    // query (up to 128 words of 4) in workgroup memory.
+    if !c.head_dim.is_multiple_of(Q8_BLOCK) || c.head_dim > 512 {
         return bad(format!(
-            "{} heads of {}: the query width must be whole Q8_0 blocks and the head width even",
-            c.heads, c.head_dim
+            "heads of {}: the head width must be a multiple of 32, at most 512",
+            c.head_dim
         ));
     }
     if c.kv_heads == 0 || !c.heads.is_multiple_of(c.kv_heads) {
