@@ -112,6 +112,12 @@ pub enum Error {
         /// What overflowed.
         reason: String,
     },
+    /// The GPU buffer of draft ids given to [`crate::Verifier::record_device_drafts`] cannot
+    /// serve the batch.
+    DraftIdBuffer {
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The operation needs a GPU verifier (e.g. recording into a command encoder).
     NotGpu,
     /// No GPU adapter was found (or none matched `WGPU_ADAPTER_NAME` / `WGPU_BACKEND`).
@@ -232,6 +238,7 @@ impl fmt::Display for Error {
                  at once; use a device with a larger max_storage_buffer_binding_size"
             ),
             Error::BatchTooLarge { reason } => write!(f, "batch too large: {reason}"),
+            Error::DraftIdBuffer { detail } => write!(f, "draft ids on the GPU: {detail}"),
             Error::NotGpu => write!(
                 f,
                 "this verifier runs on the CPU backend; recording into a command encoder needs \

@@ -65,5 +65,5 @@ pub use batch::{
 };
 pub use device::DeviceChoice;
 pub use error::Error;
-pub use gpu::{required_limits, select_adapter, GpuDraft, GpuRows, Timestamps};
+pub use gpu::{required_limits, select_adapter, DeviceIds, GpuDraft, GpuRows, Timestamps};
 pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};

@@ -4,7 +4,7 @@
 use crate::batch::{check_rows, Fault, Logits, Plan, Request, Shape, VerifyBatch, VerifyOutput};
 use crate::cpu::{self, TwinShape};
 use crate::error::Error;
-use crate::gpu::{self, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Workspace};
+use crate::gpu::{self, DeviceIds, GpuBackend, GpuDraft, GpuRows, MapFlag, Timestamps, Workspace};
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
 use std::pin::Pin;
@@ -407,6 +407,32 @@ impl Verifier {
         batch: &GpuVerifyBatch<'_>,
         timestamps: Timestamps<'_>,
     ) -> Result<PendingVerify, Error> {
+        self.record_inner(encoder, batch, timestamps, None)
+    }
+
+    /// [`Verifier::record`] with the draft token ids read from a GPU buffer, for drafts that
+    /// never came to the host (a draft model sampling on the GPU, its tokens fed straight to
+    /// the target). `batch.draft_token_ids` still gives the count, `Σ num_drafts`; its values
+    /// are placeholders, checked like ids but replaced on the GPU by the `Σ num_drafts` i32 at
+    /// `ids` (copied in the encoder before the verification's passes, so they may be written
+    /// earlier in the same encoder). The GPU ids are not checked: each must be in
+    /// `0..vocab_size`, as a verifier's or sampler's output is.
+    pub fn record_device_drafts(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        batch: &GpuVerifyBatch<'_>,
+        ids: DeviceIds<'_>,
+    ) -> Result<PendingVerify, Error> {
+        self.record_inner(encoder, batch, Timestamps::None, Some(ids))
+    }
+
+    fn record_inner(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        batch: &GpuVerifyBatch<'_>,
+        timestamps: Timestamps<'_>,
+        ids: Option<DeviceIds<'_>>,
+    ) -> Result<PendingVerify, Error> {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
         };
@@ -421,19 +447,28 @@ impl Verifier {
         })?;
         let mut ws = g.take_workspace();
         if plan.num_requests() > 0 {
-            if let Err(e) = g.record(
-                encoder,
-                &mut ws,
-                &plan,
-                batch.target_logits,
+            let src = gpu::Sources {
+                target: batch.target_logits,
                 draft,
-                timestamps,
-            ) {
+                ids,
+            };
+            if let Err(e) = g.record(encoder, &mut ws, &plan, src, timestamps) {
                 g.give_back(ws);
                 return Err(e);
             }
         }
         Ok(PendingVerify { ws, plan })
+    }
+
+    /// Ends a recorded verification whose result is not needed on the host (its output was
+    /// used on the GPU, e.g. copied into the next call's input), returning its buffers to the
+    /// verifier's pool. Call it after the encoder that holds the verification was submitted
+    /// (or dropped): a later recording may then reuse the buffers, which the queue orders after
+    /// the submission. Dropping the `PendingVerify` instead frees its buffers.
+    pub fn release(&self, pending: PendingVerify) {
+        if let Backend::Gpu(g) = &self.backend {
+            g.give_back(pending.ws);
+        }
     }
 
     /// Reads back a recorded verification after its encoder was submitted. Blocks (bounded by

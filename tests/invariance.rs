@@ -4,7 +4,9 @@
 
 mod common;
 use common::*;
-use specdec::{GpuDraft, GpuRows, GpuVerifyBatch, Verifier, VerifierOptions, VerifyOutput};
+use specdec::{
+    DeviceIds, Error, GpuDraft, GpuRows, GpuVerifyBatch, Verifier, VerifierOptions, VerifyOutput,
+};
 
 /// Splits an owned batch into its requests (each a batch of one).
 fn singles(b: &Owned) -> Vec<Owned> {
@@ -209,6 +211,84 @@ fn gpu_resident_path_reads_callers_buffers_at_an_offset() {
         assert_eq!((n, stride), (b.requests.len(), expect.stride));
         queue.submit([encoder.finish()]);
         assert_eq!(v.read_blocking(pending).unwrap(), expect, "kind {kind}");
+    }
+}
+
+/// Draft ids read from a GPU buffer (`Verifier::record_device_drafts`) give the tokens of the
+/// same ids given on the host, for every draft kind and a batch of several requests; the
+/// placeholders alone (the ids not copied) give other tokens; a buffer that cannot serve is a
+/// typed error.
+#[test]
+fn draft_ids_on_the_gpu_equal_draft_ids_on_the_host() {
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().unwrap();
+    for kind in 0..3u8 {
+        let b = mixed(60 + kind as u64, kind);
+        let expect = v.verify_blocking(&b.batch()).unwrap();
+        let make = |bytes: &[u8], usage| {
+            let buf = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("test.buffer"),
+                size: (bytes.len() as u64).next_multiple_of(4) + 64,
+                usage: usage | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            queue.write_buffer(&buf, 0, bytes);
+            buf
+        };
+        let storage = wgpu::BufferUsages::STORAGE;
+        let t = make(bytemuck::cast_slice(&b.target), storage);
+        let d = make(bytemuck::cast_slice(&b.draft), storage);
+        // The ids 8 bytes into their buffer.
+        let mut id_bytes = vec![0u8; 8];
+        id_bytes.extend_from_slice(bytemuck::cast_slice(&b.drafts));
+        let ids = make(&id_bytes, wgpu::BufferUsages::COPY_SRC);
+        // Placeholders that differ from the ids (and stay in the vocabulary).
+        let placeholders: Vec<i32> = b.drafts.iter().map(|&t| (t + 1) % b.vocab as i32).collect();
+        let batch = GpuVerifyBatch {
+            vocab_size: b.vocab,
+            requests: &b.requests,
+            draft_token_ids: &placeholders,
+            target_logits: GpuRows::f32(&t, 0),
+            draft: match kind {
+                0 => GpuDraft::OneHot,
+                1 => GpuDraft::Probs(GpuRows::f32(&d, 0)),
+                _ => GpuDraft::Logits(GpuRows::f32(&d, 0)),
+            },
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        };
+        let run = |from: Option<DeviceIds<'_>>| {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            let pending = match from {
+                Some(ids) => v.record_device_drafts(&mut encoder, &batch, ids).unwrap(),
+                None => v.record(&mut encoder, &batch).unwrap(),
+            };
+            queue.submit([encoder.finish()]);
+            v.read_blocking(pending).unwrap()
+        };
+        let from = DeviceIds {
+            buffer: &ids,
+            offset: 8,
+        };
+        assert_eq!(run(Some(from)), expect, "kind {kind}");
+        // Negative control: the placeholders verified as they are.
+        assert_ne!(
+            run(None),
+            expect,
+            "kind {kind}: the placeholders gave the same tokens"
+        );
+        // A buffer without COPY_SRC, a misaligned offset, too few bytes.
+        let no_copy = make(&id_bytes, wgpu::BufferUsages::empty());
+        let short = make(&id_bytes[..12], wgpu::BufferUsages::COPY_SRC);
+        for (buffer, offset) in [(&no_copy, 8), (&ids, 6), (&short, 8)] {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            let got = v.record_device_drafts(&mut encoder, &batch, DeviceIds { buffer, offset });
+            assert!(
+                matches!(got, Err(Error::DraftIdBuffer { .. })),
+                "kind {kind}: {:?}",
+                got.err()
+            );
+        }
     }
 }
 

@@ -79,3 +79,24 @@ impl GpuBackend {
         Ok(max_rows)
     }
 }
+
+/// Checks a GPU buffer of draft ids against the plan: `COPY_SRC` usage (the ids are copied
+/// into the workspace), a 4-byte aligned offset, and room for every draft of the batch.
+pub(super) fn check_device_ids(plan: &Plan, ids: super::DeviceIds<'_>) -> Result<(), Error> {
+    let bad = |detail: String| Err(Error::DraftIdBuffer { detail });
+    if !ids.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+        return bad("the buffer was created without BufferUsages::COPY_SRC".into());
+    }
+    if !ids.offset.is_multiple_of(4) {
+        return bad(format!("byte offset {} is not a multiple of 4", ids.offset));
+    }
+    let needed = ids.offset + plan.total_drafts as u64 * 4;
+    if needed > ids.buffer.size() {
+        return bad(format!(
+            "{} drafts need {needed} bytes from offset 0, the buffer has {}",
+            plan.total_drafts,
+            ids.buffer.size()
+        ));
+    }
+    Ok(())
+}

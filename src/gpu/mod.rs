@@ -71,6 +71,25 @@ impl<'a> GpuRows<'a> {
     }
 }
 
+/// Draft token ids that live in a GPU buffer ([`crate::Verifier::record_device_drafts`]):
+/// `Σ num_drafts` i32 from byte `offset` of `buffer`, in the batch's draft order.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceIds<'a> {
+    /// The buffer (needs `BufferUsages::COPY_SRC`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first id; a multiple of 4.
+    pub offset: u64,
+}
+
+/// The caller's buffers a recorded verification reads: the target rows, the draft rows, and
+/// the draft ids when they live on the GPU.
+#[derive(Clone, Copy)]
+pub(crate) struct Sources<'a> {
+    pub target: GpuRows<'a>,
+    pub draft: Option<GpuRows<'a>>,
+    pub ids: Option<DeviceIds<'a>>,
+}
+
 /// The draft distribution of a GPU-resident batch (rows in a GPU buffer).
 pub type GpuDraft<'a> = crate::Draft<GpuRows<'a>>;
 
@@ -199,19 +218,29 @@ impl GpuBackend {
         encoder: &mut wgpu::CommandEncoder,
         ws: &mut Workspace,
         plan: &Plan,
-        target: GpuRows<'_>,
-        draft: Option<GpuRows<'_>>,
+        src: Sources<'_>,
         timestamps: Timestamps<'_>,
     ) -> Result<(), Error> {
+        let Sources {
+            target,
+            draft,
+            ids: device_ids,
+        } = src;
         self.check_alive()?;
         // Host checks of the caller's buffers, before anything is recorded.
         checks::check_buffers(plan, target, draft)?;
+        if let Some(ids) = device_ids {
+            checks::check_device_ids(plan, ids)?;
+        }
         let max_rows = self.check_fit(plan, target, draft)?;
         let shape = Shape::new(self, plan, target, draft, max_rows);
         self.ensure_workspace(ws, plan, &shape);
         let rows = self.write_metadata(ws, plan, &shape, target, draft);
         let ws = &*ws;
         scoped(&self.device, || {
+            if let Some(ids) = device_ids {
+                Self::record_device_ids(encoder, ws, plan, ids);
+            }
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &rows);
             let masses = self.block_mass_groups(ws, &shape, &rows);
@@ -241,6 +270,30 @@ impl GpuBackend {
             Self::record_readback_copy(encoder, ws, shape.out_words);
         })
         .map_err(|e| self.lift(e))
+    }
+
+    /// Copies draft ids from the caller's GPU buffer over the placeholders `write_metadata` put
+    /// in the workspace: the draft id table, and the drafted token of each draft's row in the
+    /// row table (`row_info[row].z`, which row_stats reads). Recorded before the passes, so in
+    /// encoder order after the metadata writes (queue writes land before the submission).
+    fn record_device_ids(
+        encoder: &mut wgpu::CommandEncoder,
+        ws: &Workspace,
+        plan: &Plan,
+        ids: DeviceIds<'_>,
+    ) {
+        let total = plan.total_drafts as u64 * 4;
+        if total == 0 {
+            return;
+        }
+        encoder.copy_buffer_to_buffer(ids.buffer, ids.offset, ws.draft_ids.get(), 0, total);
+        for (row, info) in plan.row_info.iter().enumerate() {
+            if info[3] != crate::layout::NO_INDEX {
+                let from = ids.offset + u64::from(info[3]) * 4;
+                let to = row as u64 * 16 + 8;
+                encoder.copy_buffer_to_buffer(ids.buffer, from, ws.row_info.get(), to, 4);
+            }
+        }
     }
 
     /// [`GpuBackend::diagnose`] for an error already typed.

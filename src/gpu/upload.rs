@@ -72,7 +72,12 @@ impl GpuBackend {
             .as_ref()
             .zip(draft)
             .map(|(b, d)| GpuRows::f32(b, 0).with_dtype(d.dtype()));
-        self.record(&mut encoder, ws, plan, t, d, Timestamps::None)?;
+        let src = super::Sources {
+            target: t,
+            draft: d,
+            ids: None,
+        };
+        self.record(&mut encoder, ws, plan, src, Timestamps::None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
     }
 

@@ -1,17 +1,19 @@
 //! The decode loop on the GPU: the target (and the draft model, when there is one) forward on
 //! the GPU through [`GpuSequence`], and the verifier reads the target's logits in place, in the
-//! same command encoder. Per decode step only token ids cross to the host: the drafted ids (a few
-//! bytes per draft token, so the host can hand them to the verifier and the n-gram table) and
-//! the verifier's emitted tokens. Logits never leave the GPU.
+//! same command encoder. Per decode step one readback crosses to the host: the verifier's
+//! emitted tokens. Logits never leave the GPU, and neither do a draft model's drafts.
 //!
 //! One step, with `L` tokens committed and the last of them (`pending`) not yet in the caches:
 //!
 //! ```text
-//! propose  : draft model: k × (draft forward of one token → verifier samples / takes the argmax
-//!            of its row; the row is copied into the q buffer when drafts are sampled)
+//! propose  : draft model: k × (draft forward of one token, fed the previous draft from the GPU
+//!            → verifier samples / takes the argmax of its row → token copied into the ids
+//!            buffer; the row is copied into the q buffer when drafts are sampled), each
+//!            submitted as soon as it is recorded
 //!            n-gram: a lookup in the committed tokens, nothing on the GPU
 //! score    : target forward of [pending, d_1 .. d_k] → k + 1 logits rows on the GPU
-//! verify   : Verifier::record over those rows (same encoder), one small readback
+//! verify   : Verifier::record over those rows (same encoder; draft-model ids read from the
+//!            ids buffer), one small readback
 //! commit   : append the emitted tokens, truncate both KV caches to what was kept
 //! ```
 //!
@@ -79,6 +81,8 @@ pub struct GpuDecoder<'v> {
     config: GpuDecodeConfig,
     /// Draft logits rows (`k × V` f32) when drafts are sampled: the verifier's `q`.
     q_rows: Option<wgpu::Buffer>,
+    /// The draft model's drafted ids of a step (`MAX_ROWS` u32), written on the GPU.
+    draft_ids: Option<wgpu::Buffer>,
     metrics: Metrics,
 }
 
@@ -144,13 +148,16 @@ impl<'v> GpuDecoder<'v> {
             proposer,
             config,
             q_rows: None,
+            draft_ids: None,
             metrics: Metrics::default(),
         })
     }
 
     /// What was counted since the decoder was made or [`GpuDecoder::reset_metrics`].
     /// `score_time` includes the verification, which is recorded into the target forward's
-    /// submission (so `verify_time` stays zero); `elapsed` also includes the prompt's prefill.
+    /// submission (so `verify_time` stays zero); with a draft model, `propose_time` is the
+    /// host's recording of the drafts and their GPU time falls in `score_time` (the step waits
+    /// once, at its end); `elapsed` also includes the prompt's prefill.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -273,8 +280,11 @@ impl<'v> GpuDecoder<'v> {
         params: &SamplingParams,
         cap: usize,
     ) -> Result<Vec<u32>, GpuModelError> {
+        if matches!(self.proposer, GpuProposer::Model(_)) {
+            return self.step_device_drafts(seq, params, cap);
+        }
         let t0 = Instant::now();
-        let drafts = self.propose(seq, params, cap)?;
+        let drafts = self.propose(seq, cap);
         let t1 = Instant::now();
         let len = seq.tokens.len();
         let pending = seq.tokens[len - 1];
@@ -282,7 +292,6 @@ impl<'v> GpuDecoder<'v> {
         input.push(pending);
         input.extend_from_slice(&drafts);
         let draft_ids: Vec<i32> = drafts.iter().map(|&d| d as i32).collect();
-        let sampled_q = matches!(self.proposer, GpuProposer::Model(_)) && params.temperature > 0.0;
         let vocab = self.target.model().config().vocab_size;
         let request = Request {
             num_drafts: drafts.len() as u32,
@@ -296,10 +305,6 @@ impl<'v> GpuDecoder<'v> {
             .map(|r| &r[..drafts.len().min(r.len())]);
         let mut enc = self.encoder("specdec.decode step");
         let logits = self.target.record(&mut enc, &input, input.len())?;
-        let q = match (&self.q_rows, sampled_q && !drafts.is_empty()) {
-            (Some(q), true) => Draft::Logits(GpuRows::f32(q, 0)),
-            _ => Draft::OneHot,
-        };
         let pending_verify = self.verifier.record(
             &mut enc,
             &GpuVerifyBatch {
@@ -307,7 +312,7 @@ impl<'v> GpuDecoder<'v> {
                 requests: &[request],
                 draft_token_ids: &draft_ids,
                 target_logits: logits.gpu_rows(),
-                draft: q,
+                draft: Draft::OneHot,
                 draft_vocab_size: None,
                 synthetic_rates: rates,
             },
@@ -315,14 +320,24 @@ impl<'v> GpuDecoder<'v> {
         self.queue().submit([enc.finish()]);
         let out = self.verifier.read_blocking(pending_verify)?;
         let t2 = Instant::now();
-        let accepted = out.accepted(0);
-        let emitted: Vec<u32> = out.emitted(0).iter().map(|&t| t as u32).collect();
-        self.metrics.target_calls += 1;
-        self.metrics.verify_calls += 1;
-        self.metrics.record_step(drafts.len(), accepted);
         self.metrics.propose_time += t1 - t0;
         self.metrics.score_time += t2 - t1;
-        // Keep everything committed but the new pending token in the caches.
+        self.commit(seq, drafts.len(), out.accepted(0), out.emitted(0))
+    }
+
+    /// Counts a verified step of `drafts` drafts, appends its emitted tokens to `seq` and keeps
+    /// in both caches everything committed but the new pending token.
+    fn commit(
+        &mut self,
+        seq: &mut Committed,
+        drafts: usize,
+        accepted: usize,
+        emitted: &[i32],
+    ) -> Result<Vec<u32>, GpuModelError> {
+        let emitted: Vec<u32> = emitted.iter().map(|&t| t as u32).collect();
+        self.metrics.target_calls += 1;
+        self.metrics.verify_calls += 1;
+        self.metrics.record_step(drafts, accepted);
         seq.tokens.extend_from_slice(&emitted);
         let keep = seq.tokens.len() - 1;
         self.target.truncate(keep)?;
@@ -335,45 +350,71 @@ impl<'v> GpuDecoder<'v> {
 }
 
 impl<'v> GpuDecoder<'v> {
-    /// Up to `cap` drafts for the next positions of `seq`.
-    fn propose(
-        &mut self,
-        seq: &Committed,
-        params: &SamplingParams,
-        cap: usize,
-    ) -> Result<Vec<u32>, GpuModelError> {
+    /// Up to `cap` drafts for the next positions of `seq` from the host-side proposers (none,
+    /// n-gram); a draft model's drafts stay on the GPU ([`GpuDecoder::step_device_drafts`]).
+    fn propose(&mut self, seq: &Committed, cap: usize) -> Vec<u32> {
         match &mut self.proposer {
-            GpuProposer::None => Ok(Vec::new()),
-            GpuProposer::Ngram(n) => Ok(n.lookup(&seq.tokens, cap).to_vec()),
-            GpuProposer::Model(_) => self.propose_with_model(seq, params, cap),
+            GpuProposer::Ngram(n) => n.lookup(&seq.tokens, cap).to_vec(),
+            GpuProposer::None | GpuProposer::Model(_) => Vec::new(),
         }
     }
 
-    /// Draft-model drafts: each draft token is one draft forward and a 0-draft verifier request
-    /// over its row (the argmax at temperature 0, else a sample of the processed distribution
-    /// under the draft's own seed), then a 4-byte readback of the token; sampled drafts also copy
-    /// the row into the q buffer for the verification.
-    fn propose_with_model(
+    /// The buffers a draft-model step writes on the GPU: the drafted ids (`MAX_ROWS` u32) and,
+    /// when drafts are sampled, their logits rows (the verifier's `q`).
+    fn draft_buffers(
         &mut self,
-        seq: &Committed,
+        sampled: bool,
+    ) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>), GpuModelError> {
+        let device = self.target.model().device().clone();
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let make = |label: &str, size: u64, usage| {
+            crate::gpu::scoped(&device, || {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            })
+        };
+        if self.draft_ids.is_none() {
+            let ids_usage = usage | wgpu::BufferUsages::COPY_SRC;
+            let ids = make(
+                "specdec.decode draft ids",
+                4 * super::MAX_ROWS as u64,
+                ids_usage,
+            )?;
+            self.draft_ids = Some(ids);
+        }
+        if sampled && self.q_rows.is_none() {
+            let row_bytes = (self.target.model().config().vocab_size * 4) as u64;
+            let k = self.config.num_drafts.max(1) as u64;
+            self.q_rows = Some(make("specdec.decode q rows", row_bytes * k, usage)?);
+        }
+        let ids = self.draft_ids.clone().expect("made above");
+        Ok((ids, if sampled { self.q_rows.clone() } else { None }))
+    }
+
+    /// One step with a draft model, every draft on the GPU: draft `i` is one draft forward (fed
+    /// draft `i − 1` straight from the previous verifier call's output buffer) and a 0-draft
+    /// verifier request over its row (the argmax at temperature 0, else a sample of the
+    /// processed distribution under the draft's own seed), whose token is copied into the ids
+    /// buffer; sampled drafts also copy the row into the q buffer. Each draft is submitted as it
+    /// is recorded, so the GPU runs while the host records the next; the target scores
+    /// `[pending, d_1 .. d_k]` and verifies them against those ids in the last submission, and
+    /// its emitted tokens are the step's one readback.
+    fn step_device_drafts(
+        &mut self,
+        seq: &mut Committed,
         params: &SamplingParams,
         cap: usize,
     ) -> Result<Vec<u32>, GpuModelError> {
+        let t0 = Instant::now();
+        let sampled = params.temperature > 0.0;
+        let (ids, q_rows) = self.draft_buffers(sampled)?;
+        let verifier = self.verifier;
         let vocab = self.target.model().config().vocab_size;
         let row_bytes = (vocab * 4) as u64;
-        let sampled = params.temperature > 0.0;
-        if sampled && self.q_rows.is_none() {
-            let device = self.target.model().device().clone();
-            let k = self.config.num_drafts.max(1);
-            self.q_rows = Some(crate::gpu::scoped(&device, || {
-                device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("specdec.decode q rows"),
-                    size: row_bytes * k as u64,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })?);
-        }
         let mut draft_params = *params;
         draft_params.seed = params.seed.map(draft_seed);
         // The draft samples its own token; a synthetic target rule has no meaning there.
@@ -381,32 +422,39 @@ impl<'v> GpuDecoder<'v> {
             draft_params.rule = crate::Rule::Exact;
         }
         let len = seq.tokens.len();
-        let mut drafts = Vec::with_capacity(cap);
+        let device = self.target.model().device().clone();
+        let queue = self.target.model().queue().clone();
+        let new_encoder = |label| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+        };
+        let mut drafted: Vec<crate::PendingVerify> = Vec::with_capacity(cap);
         for i in 0..cap {
             let GpuProposer::Model(d) = &mut self.proposer else {
-                unreachable!("propose_with_model is called for a draft model");
+                unreachable!("step_device_drafts is called for a draft model");
             };
-            let feed: Vec<u32> = if i == 0 {
-                seq.tokens[d.len()..].to_vec()
-            } else {
-                vec![drafts[i - 1]]
+            let mut enc = new_encoder("specdec.decode draft");
+            let logits = match drafted.last() {
+                None => {
+                    let (head, last) = split_last_chunk(&seq.tokens[d.len()..]);
+                    for chunk in head.chunks(super::MAX_ROWS) {
+                        d.record(&mut enc, chunk, 1)?;
+                    }
+                    d.record(&mut enc, last, 1)?
+                }
+                Some(prev) => {
+                    let from = crate::DeviceIds {
+                        buffer: prev.output_buffer(),
+                        offset: 0,
+                    };
+                    d.record_device_tokens(&mut enc, &[], from, 1, 1)?
+                }
             };
-            let mut enc = self.target.model().device().create_command_encoder(
-                &wgpu::CommandEncoderDescriptor {
-                    label: Some("specdec.decode draft"),
-                },
-            );
-            let (head, last) = split_last_chunk(&feed);
-            for chunk in head.chunks(super::MAX_ROWS) {
-                d.record(&mut enc, chunk, 1)?;
-            }
-            let logits = d.record(&mut enc, last, 1)?;
             let request = Request {
                 num_drafts: 0,
                 params: draft_params,
                 position: (len + i) as u64,
             };
-            let pending = self.verifier.record(
+            let pending = verifier.record(
                 &mut enc,
                 &GpuVerifyBatch {
                     vocab_size: vocab as u32,
@@ -418,14 +466,60 @@ impl<'v> GpuDecoder<'v> {
                     synthetic_rates: None,
                 },
             )?;
-            if let (true, Some(q)) = (sampled, &self.q_rows) {
+            // Request 0's first emitted token is word 0 of the output.
+            enc.copy_buffer_to_buffer(pending.output_buffer(), 0, &ids, 4 * i as u64, 4);
+            if let Some(q) = &q_rows {
                 enc.copy_buffer_to_buffer(logits.buffer, 0, q, i as u64 * row_bytes, row_bytes);
             }
-            self.target.model().queue().submit([enc.finish()]);
-            let out = self.verifier.read_blocking(pending)?;
-            drafts.push(out.emitted(0)[0] as u32);
+            queue.submit([enc.finish()]);
+            drafted.push(pending);
         }
-        Ok(drafts)
+        let t1 = Instant::now();
+        let pending = seq.tokens[len - 1];
+        let request = Request {
+            num_drafts: cap as u32,
+            params: *params,
+            position: len as u64,
+        };
+        let rates = self
+            .config
+            .synthetic_rates
+            .as_deref()
+            .map(|r| &r[..cap.min(r.len())]);
+        let mut enc = new_encoder("specdec.decode step");
+        let from = crate::DeviceIds {
+            buffer: &ids,
+            offset: 0,
+        };
+        let logits = self
+            .target
+            .record_device_tokens(&mut enc, &[pending], from, cap, cap + 1)?;
+        let q = match (&q_rows, cap > 0) {
+            (Some(q), true) => Draft::Logits(GpuRows::f32(q, 0)),
+            _ => Draft::OneHot,
+        };
+        // Placeholders: the verifier reads the ids from `ids` on the GPU.
+        let placeholders = vec![0i32; cap];
+        let batch = GpuVerifyBatch {
+            vocab_size: vocab as u32,
+            requests: &[request],
+            draft_token_ids: &placeholders,
+            target_logits: logits.gpu_rows(),
+            draft: q,
+            draft_vocab_size: None,
+            synthetic_rates: rates,
+        };
+        let verify = verifier.record_device_drafts(&mut enc, &batch, from)?;
+        queue.submit([enc.finish()]);
+        let out = verifier.read_blocking(verify);
+        for p in drafted {
+            verifier.release(p);
+        }
+        let out = out?;
+        let t2 = Instant::now();
+        self.metrics.propose_time += t1 - t0;
+        self.metrics.score_time += t2 - t1;
+        self.commit(seq, cap, out.accepted(0), out.emitted(0))
     }
 }
 

@@ -52,6 +52,19 @@ enum Group {
     Swiglu,
 }
 
+/// The tokens of one call: ids from the host, then ids already in a GPU buffer.
+#[derive(Clone, Copy)]
+struct Tokens<'a> {
+    host: &'a [u32],
+    device: Option<(crate::DeviceIds<'a>, usize)>,
+}
+
+impl Tokens<'_> {
+    fn len(&self) -> usize {
+        self.host.len() + self.device.map_or(0, |d| d.1)
+    }
+}
+
 /// How a call's dispatches are timed on the GPU (profiling only).
 #[derive(Clone, Copy)]
 enum Timing<'a> {
@@ -281,28 +294,73 @@ impl GpuSequence {
         tokens: &[u32],
         rows: usize,
     ) -> Result<GpuLogits<'_>, GpuModelError> {
+        self.record_tokens(
+            encoder,
+            Tokens {
+                host: tokens,
+                device: None,
+            },
+            rows,
+        )
+    }
+
+    /// [`GpuSequence::record`] of `host` followed by `count` tokens that live in a GPU buffer
+    /// (u32 ids from byte `device.offset`, e.g. a verifier's output, copied in the encoder before
+    /// the forward, so they may be written earlier in the same encoder): a draft model feeding
+    /// its own samples back without a trip to the host. The device ids are not checked on the
+    /// host; an id outside the vocabulary leaves that position's embedding row unwritten.
+    pub fn record_device_tokens(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        host: &[u32],
+        device: crate::DeviceIds<'_>,
+        count: usize,
+        rows: usize,
+    ) -> Result<GpuLogits<'_>, GpuModelError> {
+        let b = device.buffer;
+        if !b.usage().contains(wgpu::BufferUsages::COPY_SRC)
+            || !device.offset.is_multiple_of(4)
+            || device.offset + count as u64 * 4 > b.size()
+        {
+            return Err(GpuModelError::Invalid(format!(
+                "device tokens: {count} ids from byte {} need a COPY_SRC buffer of at least {}                  bytes and a 4-byte aligned offset (the buffer has {} bytes)",
+                device.offset,
+                device.offset + count as u64 * 4,
+                b.size()
+            )));
+        }
+        let tokens = Tokens {
+            host,
+            device: (count > 0).then_some((device, count)),
+        };
+        self.record_tokens(encoder, tokens, rows)
+    }
+
+    fn record_tokens(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: Tokens<'_>,
+        rows: usize,
+    ) -> Result<GpuLogits<'_>, GpuModelError> {
         let c = &self.model.config;
-        if tokens.is_empty() {
+        let n = tokens.len();
+        if n == 0 {
             return Err(ModelError::EmptyInput.into());
         }
-        if rows == 0 || rows > tokens.len() {
-            return Err(ModelError::BadRowCount {
-                rows,
-                tokens: tokens.len(),
-            }
-            .into());
+        if rows == 0 || rows > n {
+            return Err(ModelError::BadRowCount { rows, tokens: n }.into());
         }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        if let Some(&token) = tokens.host.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(ModelError::TokenOutOfRange {
                 token,
                 vocab_size: c.vocab_size,
             }
             .into());
         }
-        if self.len + tokens.len() > c.context_length {
+        if self.len + n > c.context_length {
             return Err(ModelError::ContextFull {
                 len: self.len,
-                appended: tokens.len(),
+                appended: n,
                 max: c.context_length,
             }
             .into());
@@ -320,7 +378,7 @@ impl GpuSequence {
         crate::gpu::scoped(&device, || {
             self.record_checked(encoder, tokens, rows, Timing::None)
         })??;
-        self.len += tokens.len();
+        self.len += n;
         self.logits_rows = rows;
         Ok(self.logits())
     }
@@ -328,14 +386,15 @@ impl GpuSequence {
     fn record_checked(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
-        tokens: &[u32],
+        tokens: Tokens<'_>,
         rows: usize,
         timing: Timing<'_>,
     ) -> Result<Vec<Pipe>, GpuModelError> {
-        let mut dirty = self.ensure_cache(encoder, self.len + tokens.len());
+        let n = tokens.len();
+        let mut dirty = self.ensure_cache(encoder, self.len + n);
         dirty |= self.ensure_logits(rows);
-        let (dispatches, params) = self.plan(tokens.len(), rows);
-        dirty |= self.ensure_uploads(params.len(), tokens.len());
+        let (dispatches, params) = self.plan(n, rows);
+        dirty |= self.ensure_uploads(params.len(), n);
         if dirty || self.groups.is_empty() {
             self.groups = self.build_groups();
         }
@@ -346,7 +405,7 @@ impl GpuSequence {
                 .copy_from_slice(bytemuck::bytes_of(p));
         }
         let params_len = bytes.len() as u64;
-        bytes.extend_from_slice(bytemuck::cast_slice(tokens));
+        bytes.extend_from_slice(bytemuck::cast_slice(tokens.host));
         let device = &self.model.device;
         // A buffer of this call, copied in encoder order: several recordings may share one
         // submission without one's parameters overwriting another's (queue.write_buffer would
@@ -357,13 +416,14 @@ impl GpuSequence {
             usage: wgpu::BufferUsages::COPY_SRC,
         });
         encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, params_len);
-        encoder.copy_buffer_to_buffer(
-            &staging,
-            params_len,
-            &self.tokens,
-            0,
-            (tokens.len() * 4) as u64,
-        );
+        let host_bytes = (tokens.host.len() * 4) as u64;
+        if host_bytes > 0 {
+            encoder.copy_buffer_to_buffer(&staging, params_len, &self.tokens, 0, host_bytes);
+        }
+        if let Some((ids, count)) = tokens.device {
+            let bytes = count as u64 * 4;
+            encoder.copy_buffer_to_buffer(ids.buffer, ids.offset, &self.tokens, host_bytes, bytes);
+        }
         // Profiling puts each dispatch in a pass of its own, timed at its ends; otherwise one
         // pass holds them all (wgpu orders the dependent dispatches inside it).
         let passes: Vec<&[Dispatch]> = match timing {
@@ -832,7 +892,11 @@ impl GpuSequence {
                 Timing::Whole(&set)
             };
             let pipes = crate::gpu::scoped(&m.device, || {
-                self.record_checked(&mut enc, tokens, rows, timing)
+                let host = Tokens {
+                    host: tokens,
+                    device: None,
+                };
+                self.record_checked(&mut enc, host, rows, timing)
             })??;
             enc.resolve_query_set(&set, 0..queries, &resolved, 0);
             m.queue.submit([enc.finish()]);
