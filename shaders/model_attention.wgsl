@@ -11,11 +11,16 @@
 //   s_j = (q · k_j) · scale, j = 0..=p;  e_j = exp(s_j − max s);  o = (Σ_j e_j · v_j) / Σ e.
 // Every sum has a fixed order that depends on p and the head shape alone, so a row's output is
 // the same bits whatever other rows share the call: q · k_j over the head's words in increasing
-// order; Σ e over j ≡ t mod 128 per thread t, then a fixed tree; o per column word c over the
-// j ≡ s mod S of each of the S = 128 / (head_dim / 4) slices, then the slices in order.
+// order; Σ e over j ≡ t mod 256 per thread t, then a fixed tree; o per column word c over the
+// j ≡ s mod S of each of the S = 256 / (head_dim / 4) slices, then the slices in order.
 // Needs head_dim % 32 == 0 and head_dim ≤ 512.
+//
+// Decoding scores a few rows against a short cache, so a workgroup's time is the latency of its
+// dependent loads, not bandwidth: the loops load four terms ahead and add them in order (the
+// same order as one at a time), and 256 threads cover 256 positions, or 8 slices of positions
+// for a head of 128, at once.
 
-const WG: u32 = 128u;
+const WG: u32 = 256u;
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
@@ -25,10 +30,10 @@ const WG: u32 = 128u;
 @group(0) @binding(6) var<storage, read_write> od: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
-var<workgroup> qh: array<vec4<f32>, WG>;
+var<workgroup> qh: array<vec4<f32>, 128>;
 var<workgroup> acc: array<vec4<f32>, WG>;
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let m = wid.y;
@@ -47,8 +52,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     for (var j = li; j <= p; j += WG) {
         let kb = j * kvw + kvh * hw;
         var s = 0.0;
-        for (var d = 0u; d < hw; d++) {
-            s += dot(qh[d], kc[kb + d]);
+        // hw is a multiple of 8.
+        for (var d = 0u; d < hw; d += 4u) {
+            let k0 = kc[kb + d];
+            let k1 = kc[kb + d + 1u];
+            let k2 = kc[kb + d + 2u];
+            let k3 = kc[kb + d + 3u];
+            s += dot(qh[d], k0);
+            s += dot(qh[d + 1u], k1);
+            s += dot(qh[d + 2u], k2);
+            s += dot(qh[d + 3u], k3);
         }
         s = s * P.scale;
         scratch[sb + j] = s;
@@ -89,7 +102,22 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     var a = vec4<f32>(0.0);
     if (slice < slices) {
         let vb = kvh * hw + c;
-        for (var j = slice; j <= p; j += slices) {
+        var j = slice;
+        for (; j + 3u * slices <= p; j += 4u * slices) {
+            let e0 = scratch[sb + j];
+            let e1 = scratch[sb + j + slices];
+            let e2 = scratch[sb + j + 2u * slices];
+            let e3 = scratch[sb + j + 3u * slices];
+            let v0 = vc[j * kvw + vb];
+            let v1 = vc[(j + slices) * kvw + vb];
+            let v2 = vc[(j + 2u * slices) * kvw + vb];
+            let v3 = vc[(j + 3u * slices) * kvw + vb];
+            a += e0 * v0;
+            a += e1 * v1;
+            a += e2 * v2;
+            a += e3 * v3;
+        }
+        for (; j <= p; j += slices) {
             a += scratch[sb + j] * vc[j * kvw + vb];
         }
     }

@@ -40,7 +40,8 @@ pub enum ModelKernel {
     /// Weight-stationary Q8_0 matmul with optional bias and residual
     /// (`shaders/model_matmul_q8.wgsl`).
     MatmulQ8,
-    /// Rotary position embedding in place (`shaders/model_rope.wgsl`).
+    /// Rotary position embedding of the stacked q/k/v output, keys and values into the cache
+    /// (`shaders/model_rope.wgsl`).
     Rope,
     /// Causal grouped-query attention over the cache (`shaders/model_attention.wgsl`).
     Attention,
@@ -94,7 +95,7 @@ impl ModelKernel {
             ModelKernel::Embed => &[true, true, true, false],
             ModelKernel::RmsNorm => &[true, true, false, false],
             ModelKernel::MatmulQ8 => &[true, true, true, true, false, true],
-            ModelKernel::Rope => &[true, false],
+            ModelKernel::Rope => &[true, true, false, false, false],
             ModelKernel::Attention => &[true, true, true, false, false, false],
             ModelKernel::Swiglu => &[true, false, false],
         }

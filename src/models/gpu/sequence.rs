@@ -25,9 +25,8 @@ const FIRST_CAPACITY: usize = 64;
 /// A matrix of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Mat {
-    Q,
-    K,
-    V,
+    /// q, k and v stacked.
+    Qkv,
     O,
     /// Gate and up stacked.
     GateUp,
@@ -46,8 +45,7 @@ enum Group {
     Mat(usize, Mat, usize),
     /// Output head part.
     Head(usize),
-    RopeQ,
-    RopeK(usize),
+    Rope(usize),
     Attention(usize),
     Swiglu,
 }
@@ -98,7 +96,9 @@ struct Activations {
     x: wgpu::Buffer,
     /// Normed stream `[rows, hidden]`, 8-bit.
     h: Q8Act,
-    /// Queries `[rows, heads · head_dim]`.
+    /// The stacked q/k/v matmul output `[rows, (heads + 2·kv_heads) · head_dim]`.
+    qkv: wgpu::Buffer,
+    /// Roped queries `[rows, heads · head_dim]`.
     q: wgpu::Buffer,
     /// Attention output `[rows, heads · head_dim]`, 8-bit.
     att: Q8Act,
@@ -203,6 +203,7 @@ impl GpuSequence {
             let act = Activations {
                 x: f("specdec.model x", c.hidden),
                 h: q8("specdec.model h", c.hidden),
+                qkv: f("specdec.model qkv", qd + 2 * c.kv_heads * c.head_dim),
                 q: f("specdec.model q", qd),
                 att: q8("specdec.model att", qd),
                 gu: f("specdec.model gate+up", 2 * c.ffn),
@@ -599,9 +600,9 @@ impl Planner<'_> {
         }
     }
 
-    /// Block `l` over the chunk's rows, whose first position is `pos`; the attention scratch
+    /// Block `l` over the chunk's rows (first position `base.pos`); the attention scratch
     /// holds `capacity` scores per row.
-    fn layer(&mut self, l: usize, b: &GpuBlock, pos: usize, capacity: usize) {
+    fn layer(&mut self, l: usize, b: &GpuBlock, capacity: usize) {
         let c = &self.model.config;
         let base = self.base;
         let n = base.rows as usize;
@@ -622,37 +623,19 @@ impl Planner<'_> {
             Pipe::Matmul
         };
         self.push(Pipe::RmsNorm, Group::AttnNorm(l), norm, (n as u32, 1));
-        self.matmul(qkv, |i| Group::Mat(l, Mat::Q, i), &b.q, into(0, qd));
-        self.matmul(
-            qkv,
-            |i| Group::Mat(l, Mat::K, i),
-            &b.k,
-            into(pos * kvd, kvd),
-        );
-        self.matmul(
-            qkv,
-            |i| Group::Mat(l, Mat::V, i),
-            &b.v,
-            into(pos * kvd, kvd),
-        );
-        let style = match c.rope_style {
-            RopeStyle::AdjacentPairs => 0,
-            RopeStyle::RotateHalves => 1,
+        let qkv_width = qd + 2 * kvd;
+        let mat = |i| Group::Mat(l, Mat::Qkv, i);
+        self.matmul(qkv, mat, &b.qkv, into(0, qkv_width));
+        let rope = ModelParams {
+            style: match c.rope_style {
+                RopeStyle::AdjacentPairs => 0,
+                RopeStyle::RotateHalves => 1,
+            },
+            ..base
         };
-        let half = c.head_dim / 2;
-        let rope_q = ModelParams {
-            style,
-            ..into(0, qd)
-        };
-        let rope_k = ModelParams {
-            heads: c.kv_heads as u32,
-            style,
-            ..into(pos * kvd, kvd)
-        };
-        let gq = ((n * c.heads * half).div_ceil(WG) as u32, 1);
-        let gk = ((n * c.kv_heads * half).div_ceil(WG) as u32, 1);
-        self.push(Pipe::Rope, Group::RopeQ, rope_q, gq);
-        self.push(Pipe::Rope, Group::RopeK(l), rope_k, gk);
+        let pairs = n * (qd + 2 * kvd) / 2;
+        let gr = grid_2d(pairs.div_ceil(WG), self.max_dim);
+        self.push(Pipe::Rope, Group::Rope(l), rope, gr);
         let attention = ModelParams {
             scratch_stride: capacity as u32,
             scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
@@ -725,7 +708,7 @@ impl GpuSequence {
                 planner.push(Pipe::Embed, Group::Embed(i), p, grid);
             }
             for (l, b) in m.blocks[..self.layers].iter().enumerate() {
-                planner.layer(l, b, pos, self.capacity);
+                planner.layer(l, b, self.capacity);
             }
             // The head runs on the scored rows of this chunk only.
             let (lo, hi) = (first_scored.max(c0), c0 + n);
@@ -788,7 +771,6 @@ impl GpuSequence {
         }
         let final_norm = [&a.x, &m.output_norm, &a.h.q, &a.h.d];
         add(Group::FinalNorm, ModelKernel::RmsNorm, &final_norm);
-        add(Group::RopeQ, ModelKernel::Rope, &[&m.rope_table, &a.q]);
         add(Group::Swiglu, ModelKernel::Swiglu, &[&a.gu, &a.a.q, &a.a.d]);
         for (l, b) in m.blocks[..self.layers].iter().enumerate() {
             let (kc, vc) = (&self.k_cache[l], &self.v_cache[l]);
@@ -796,14 +778,13 @@ impl GpuSequence {
             add(Group::AttnNorm(l), ModelKernel::RmsNorm, &attn_norm);
             let ffn_norm = [&a.x, &b.ffn_norm, &a.h.q, &a.h.d];
             add(Group::FfnNorm(l), ModelKernel::RmsNorm, &ffn_norm);
-            add(Group::RopeK(l), ModelKernel::Rope, &[&m.rope_table, kc]);
+            let rope = [&m.rope_table, &a.qkv, &a.q, kc, vc];
+            add(Group::Rope(l), ModelKernel::Rope, &rope);
             let att = [&a.q, kc, vc, &self.scratch, &a.att.q, &a.att.d];
             add(Group::Attention(l), ModelKernel::Attention, &att);
-            let bias = |i: usize| b.bias.as_ref().map_or(&m.dummy, |bs| &bs[i]);
-            let mats: [(Mat, &GpuMatrix, &Q8Act, &wgpu::Buffer, &wgpu::Buffer); 6] = [
-                (Mat::Q, &b.q, &a.h, bias(0), &a.q),
-                (Mat::K, &b.k, &a.h, bias(1), kc),
-                (Mat::V, &b.v, &a.h, bias(2), vc),
+            let bias = b.bias.as_ref().unwrap_or(&m.dummy);
+            let mats: [(Mat, &GpuMatrix, &Q8Act, &wgpu::Buffer, &wgpu::Buffer); 4] = [
+                (Mat::Qkv, &b.qkv, &a.h, bias, &a.qkv),
                 (Mat::O, &b.o, &a.att, &m.dummy, &a.x),
                 (Mat::GateUp, &b.gate_up, &a.h, &m.dummy, &a.gu),
                 (Mat::Down, &b.down, &a.a, &m.dummy, &a.x),

@@ -158,11 +158,11 @@ impl GpuMatrix {
 #[derive(Debug)]
 pub(crate) struct GpuBlock {
     pub attn_norm: wgpu::Buffer,
-    pub q: GpuMatrix,
-    pub k: GpuMatrix,
-    pub v: GpuMatrix,
-    /// Qwen2's q, k, v biases.
-    pub bias: Option<[wgpu::Buffer; 3]>,
+    /// The q rows, then the k rows, then the v rows: one matmul computes all three
+    /// (`[(heads + 2·kv_heads)·head_dim, hidden]`).
+    pub qkv: GpuMatrix,
+    /// Qwen2's q, k, v biases, stacked the same way.
+    pub bias: Option<wgpu::Buffer>,
     pub o: GpuMatrix,
     pub ffn_norm: wgpu::Buffer,
     /// The gate rows, then the up rows: one matmul computes both (`[2·ffn, hidden]`).
@@ -444,15 +444,9 @@ impl GpuModel {
                 .enumerate()
                 .map(|(i, b)| GpuBlock {
                     attn_norm: floats(&format!("blk.{i}.attn_norm"), &b.attn_norm),
-                    q: up(&format!("blk.{i}.attn_q"), &b.q),
-                    k: up(&format!("blk.{i}.attn_k"), &b.k),
-                    v: up(&format!("blk.{i}.attn_v"), &b.v),
+                    qkv: up(&format!("blk.{i}.attn_qkv"), &b.q.stack(&b.k).stack(&b.v)),
                     bias: b.bias.as_ref().map(|[q, k, v]| {
-                        [
-                            floats(&format!("blk.{i}.attn_q.bias"), q),
-                            floats(&format!("blk.{i}.attn_k.bias"), k),
-                            floats(&format!("blk.{i}.attn_v.bias"), v),
-                        ]
+                        floats(&format!("blk.{i}.attn_qkv.bias"), &[&q[..], k, v].concat())
                     }),
                     o: up(&format!("blk.{i}.attn_output"), &b.o),
                     ffn_norm: floats(&format!("blk.{i}.ffn_norm"), &b.ffn_norm),
