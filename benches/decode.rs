@@ -19,6 +19,9 @@
 //! `Rule::Synthetic` with the matching conditional rates, and every other cost (forwards,
 //! statistics, readbacks) is the real one.
 //!
+//! `--cpu` runs the same comparison on the candle CPU path (`specdec::models::Model` and
+//! `speculative::SpecDecoder` with a CPU verifier; real weights only), rows with `backend = cpu`.
+//!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
 //! verify_share`). tok/s is the median over rounds of generated tokens per second of decode
@@ -63,6 +66,7 @@ struct Args {
     temperature: f32,
     synthetic: Option<Vec<f32>>,
     csv: Option<String>,
+    cpu: bool,
 }
 
 fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
@@ -81,6 +85,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         temperature: 0.0,
         synthetic: None,
         csv: None,
+        cpu: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -93,6 +98,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--prompt" => a.prompt = value("--prompt")?,
             "--temperature" => a.temperature = number("--temperature", &value("--temperature")?)?,
             "--csv" => a.csv = Some(value("--csv")?),
+            "--cpu" => a.cpu = true,
             "--synthetic" => {
                 let v = value("--synthetic")?;
                 let rates = v.split(',').map(|s| number("--synthetic", s));
@@ -106,7 +112,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         return Err(
             "usage: decode TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] \
                     [--tokens 64] [--rounds 3] [--prompt code-edit|python|prose] \
-                    [--temperature T] [--synthetic A1,A2,..] [--csv PATH]"
+                    [--temperature T] [--synthetic A1,A2,..] [--csv PATH] [--cpu]"
                 .into(),
         );
     }
@@ -120,6 +126,12 @@ fn parse(args: &[String]) -> Result<Args, String> {
         ));
     }
     let random = a.target.starts_with("random-");
+    if a.cpu && (random || a.draft.starts_with("random-") || a.synthetic.is_some()) {
+        return Err("--cpu runs the real weights: no random- models, no --synthetic".into());
+    }
+    if a.cpu && a.draft == "none" {
+        return Err("--cpu compares plain decoding with a proposer: give --draft".into());
+    }
     if random && a.synthetic.is_none() {
         return Err(
             "random weights make meaningless text: give --synthetic with the acceptance \
@@ -153,12 +165,7 @@ fn load(name: &str, seed: u64, verifier: &Verifier) -> Result<Loaded, Box<dyn st
             weights: None,
         });
     }
-    let path = match name {
-        "smollm2" => models_dir().join(SMOLLM2_FILE),
-        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
-        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
-        other => other.into(),
-    };
+    let path = model_path(name);
     let w = Weights::load(&path)?;
     let gpu = GpuModel::load(&path, w.config(), device, queue, &options)?;
     Ok(Loaded {
@@ -358,7 +365,117 @@ fn verify_time(
 }
 
 fn run(a: &Args) -> Result<(), String> {
+    if a.cpu {
+        return run_cpu(a).map_err(|e| e.to_string());
+    }
     run_inner(a).map_err(|e| e.to_string())
+}
+
+fn model_path(name: &str) -> std::path::PathBuf {
+    match name {
+        "smollm2" => models_dir().join(SMOLLM2_FILE),
+        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
+        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
+        other => other.into(),
+    }
+}
+
+/// The candle CPU path: plain decoding and speculative decoding through `SpecDecoder` with a
+/// CPU verifier, alternated per round. Both run the same loop (plain is `k = 0`) with the
+/// target's prompt prefilled before the clock starts; the draft model's own prefill of the
+/// prompt falls in the first speculative step (it counts against speculation).
+fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    use specdec::models::{GreedyDraft, Model};
+    use specdec::speculative::{
+        DecoderConfig, DraftModelProposer, GenRequest, Proposer, Sequences, SpecDecoder,
+    };
+    let weights = Weights::load(model_path(&a.target))?;
+    let prompt = weights.tokenizer().encode(prompt_text(&a.prompt)?);
+    let params = if a.temperature > 0.0 {
+        SamplingParams::seeded(a.temperature, 1)
+    } else {
+        SamplingParams::greedy()
+    };
+    let verifier = Verifier::cpu(specdec::VerifierOptions::default());
+    let threads = rayon_threads();
+    eprintln!("CPU path ({threads} threads); target {}", a.target);
+    let draft_model = |draft: &str| -> Result<Option<Model>, Box<dyn std::error::Error>> {
+        Ok(match draft {
+            "none" | "ngram" => None,
+            d if d.starts_with("layers:") => {
+                let n = number("--draft layers:N", &d["layers:".len()..])?;
+                Some(Model::layer_skip(weights.clone(), n)?)
+            }
+            model => Some(Model::new(Weights::load(model_path(model))?)),
+        })
+    };
+    let template = draft_model(&a.draft)?;
+    let generate =
+        |k: usize| -> Result<(f64, specdec::speculative::Metrics), Box<dyn std::error::Error>> {
+            let mut model = Model::new(weights.clone());
+            model.forward(&prompt[..prompt.len() - 1])?;
+            let mut target = Sequences::new(vec![model]);
+            // Plain decoding (k = 0) never asks its proposer for drafts.
+            let mut proposer: Box<dyn Proposer> = match &template {
+                Some(t) if k > 0 => Box::new(DraftModelProposer::new(GreedyDraft::new(t.clone()))),
+                _ => Box::new(NgramProposer::new(1, 3)?),
+            };
+            let mut decoder = SpecDecoder::new(
+                &verifier,
+                DecoderConfig {
+                    num_drafts: k,
+                    ..DecoderConfig::default()
+                },
+            );
+            let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
+            let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
+            let m = decoder.metrics().clone();
+            Ok((out[0].tokens.len() as f64 / m.elapsed.as_secs_f64(), m))
+        };
+    let _ = generate(a.k.min(2))?; // warm-up: allocations, caches, the CPU's clocks
+    let (mut plain, mut spec, mut last) = (Vec::new(), Vec::new(), None);
+    for round in 0..a.rounds {
+        let (p, _) = generate(0)?;
+        let (s, m) = generate(a.k)?;
+        eprintln!("round {round}: plain {p:.2} tok/s, speculative {s:.2} tok/s");
+        plain.push(p);
+        spec.push(s);
+        last = Some(m);
+    }
+    let m = last.expect("at least one round");
+    let decode = m.elapsed.as_secs_f64();
+    let row = Row {
+        model: a.target.clone(),
+        draft: a.draft.clone(),
+        proposer: proposer_kind(&a.draft).into(),
+        backend: "cpu".into(),
+        adapter: format!("candle, {threads} threads"),
+        k: a.k,
+        plain_tok_s: median(plain),
+        spec_tok_s: median(spec),
+        accepted_per_step: m.accepted as f64 / m.target_calls.max(1) as f64,
+        verify_share: m.verify_time.as_secs_f64() / decode,
+    };
+    println!("{}", Row::HEADER);
+    println!("{}", row.csv());
+    println!(
+        "speed-up {:.2}x; verify {:.1} % of the speculative run",
+        row.spec_tok_s / row.plain_tok_s,
+        row.verify_share * 100.0
+    );
+    if let Some(path) = &a.csv {
+        row.append(path)?;
+        eprintln!("appended to {path}");
+    }
+    Ok(())
+}
+
+/// Threads candle's CPU kernels use (`RAYON_NUM_THREADS`, else the machine's cores).
+fn rayon_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {

@@ -12,8 +12,8 @@
 //! `qwen-0.5b`, `qwen-1.5b`, a GGUF path, or `random-qwen-0.5b` / `random-qwen-1.5b` /
 //! `random-smollm2`: the real shapes with pseudo-random weights, for machines without the model
 //! files. Each call appends `rows` tokens after a `context`-token prefix (default 128) and is
-//! truncated back, so every timed call sees the same cache length. Before timing, the first row
-//! of every multi-row call is checked bit-identical to a one-row call at the same position.
+//! truncated back, so every timed call sees the same cache length. Before timing, every row of
+//! every multi-row call is checked bit-identical to a one-row call at the same position.
 //! Wall clock per call, from recording to a blocking wait on the device (and, apart, the
 //! host's recording of the dispatches into the encoder); the median of `iters` calls (default
 //! 20) after 3 warm-up calls. Uses `WGPU_BACKEND` / `WGPU_ADAPTER_NAME` to pick
@@ -151,15 +151,34 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let draft: Vec<u32> = (0..16)
         .map(|i| (1000 + 37 * i) as u32 % c.vocab_size as u32)
         .collect();
-    let single = forward_and_back(&mut seq, &draft[..1])?;
+    // Row r of every call alone: the first r tokens in one call, then token r in a one-row call.
+    let mut singles = Vec::new();
+    for r in 0..args
+        .rows
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(1)
+        .min(draft.len())
+    {
+        let len = seq.len();
+        if r > 0 {
+            seq.forward_blocking(&draft[..r])?;
+        }
+        singles.push(seq.forward_blocking(&draft[r..r + 1])?);
+        seq.truncate(len)?;
+    }
     println!("rows | ms per call (median) | min ms | of which recording | rows/s | cost vs 1 row");
     let mut base = None;
     for &rows in &args.rows {
         let tokens = &draft[..rows.min(draft.len())];
         let got = forward_and_back(&mut seq, tokens)?;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&got[..c.vocab_size]) != bits(&single) {
-            return Err(format!("{rows}-row call: row 0 differs from the one-row call").into());
+        for (r, single) in singles.iter().enumerate().take(tokens.len()) {
+            if bits(&got[r * c.vocab_size..(r + 1) * c.vocab_size]) != bits(single) {
+                let what = format!("{rows}-row call: row {r} differs from its one-row call");
+                return Err(what.into());
+            }
         }
         let mut times = Vec::with_capacity(args.iters);
         let mut recording = Vec::with_capacity(args.iters);

@@ -141,12 +141,12 @@ impl Pipe {
         }
     }
 
-    fn constants(self, lanes: u32, unrolled: bool) -> Vec<(&'static str, f64)> {
+    fn constants(self, form: MatmulForm) -> Vec<(&'static str, f64)> {
         let shape = [
-            ("LANES", f64::from(lanes)),
-            ("ROWS_PER_WG", f64::from(MATMUL_WG / lanes)),
+            ("LANES", f64::from(form.lanes)),
+            ("ROWS_PER_WG", f64::from(MATMUL_WG / form.lanes)),
             ("WG", f64::from(MATMUL_WG)),
-            ("UNROLLED", f64::from(u8::from(unrolled))),
+            ("UNROLLED", f64::from(u8::from(form.unrolled))),
         ];
         match self {
             Pipe::Matmul => shape.to_vec(),
@@ -160,21 +160,76 @@ impl Pipe {
 /// Invocations of a matmul workgroup: `LANES` lanes × `256 / LANES` output rows.
 pub(crate) const MATMUL_WG: u32 = 256;
 
-/// The lanes per output row the matmul uses when the options name none: 32 on GPUs (a warp's
-/// coalesced read of 32 consecutive blocks), 4 on CPU adapters such as lavapipe, where every
-/// idle lane and every extra workgroup costs (a K of 576 has only 18 blocks per row).
-pub(crate) fn default_lanes(device: &wgpu::Device) -> u32 {
-    match device.adapter_info().device_type {
-        wgpu::DeviceType::Cpu => 4,
-        _ => 32,
-    }
+/// A compiled form of the matmul: lanes per output row and how the per-row sums are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MatmulForm {
+    pub lanes: u32,
+    pub unrolled: bool,
 }
 
-/// Whether the matmul keeps its per-row sums in named registers when the options do not say:
-/// on GPUs (a weight block read once for all rows), not on CPU adapters (lavapipe evaluates
-/// every guarded sum of the named form).
-pub(crate) fn default_unrolled(device: &wgpu::Device) -> bool {
-    device.adapter_info().device_type != wgpu::DeviceType::Cpu
+/// Which matmul form each call uses: fixed by the options, else chosen by the device, the
+/// matrix width and the row count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulPolicy {
+    /// `GpuModelOptions::matmul_lanes`.
+    pub lanes: Option<u32>,
+    /// `GpuModelOptions::matmul_unrolled`.
+    pub unrolled: Option<bool>,
+    /// A CPU adapter (lavapipe).
+    pub cpu: bool,
+}
+
+impl MatmulPolicy {
+    /// The policy for `device` under the options' overrides.
+    pub(crate) fn new(device: &wgpu::Device, lanes: Option<u32>, unrolled: Option<bool>) -> Self {
+        MatmulPolicy {
+            lanes,
+            unrolled,
+            cpu: device.adapter_info().device_type == wgpu::DeviceType::Cpu,
+        }
+    }
+
+    /// The form of a matmul over `cols` input columns for `rows` input rows. Lanes: 4 on CPU
+    /// adapters, where every idle lane and every extra workgroup costs; on GPUs 16 for rows of at
+    /// most 64 blocks, 32 for longer ones (measured on an H200 through Vulkan, Qwen2.5 1.5B
+    /// shapes: K = 1536 matrices ran 1.2–1.9× faster with 16 lanes than 32, K = 8960 1.4×
+    /// slower). Sums: one row at a time for a single row (fewer registers, more workgroups in
+    /// flight: 10 % faster at one row on the H200), in named registers for several (each weight
+    /// block read once). The two forms add the same terms in the same order, and the choice
+    /// between them depends on the row count alone, so a row's bits do not depend on the others
+    /// (checked by `examples/gpu_forward_bench` before it times, and by tests/gpu_forward.rs).
+    /// The lane count sets the summation order, so it depends on the width alone.
+    pub(crate) fn form(&self, cols: usize, rows: usize) -> MatmulForm {
+        let lanes = self.lanes.unwrap_or(match (self.cpu, cols / 32 <= 64) {
+            (true, _) => 4,
+            (false, true) => 16,
+            (false, false) => 32,
+        });
+        let unrolled = self.unrolled.unwrap_or(!self.cpu && rows > 1);
+        MatmulForm { lanes, unrolled }
+    }
+
+    /// Every form [`MatmulPolicy::form`] can return.
+    fn forms(&self) -> Vec<MatmulForm> {
+        let lanes: Vec<u32> = match (self.lanes, self.cpu) {
+            (Some(l), _) => vec![l],
+            (None, true) => vec![4],
+            (None, false) => vec![16, 32],
+        };
+        let unrolled: Vec<bool> = match (self.unrolled, self.cpu) {
+            (Some(u), _) => vec![u],
+            (None, true) => vec![false],
+            (None, false) => vec![false, true],
+        };
+        lanes
+            .iter()
+            .flat_map(|&lanes| {
+                unrolled
+                    .iter()
+                    .map(move |&unrolled| MatmulForm { lanes, unrolled })
+            })
+            .collect()
+    }
 }
 
 /// The pipelines and bind group layouts of the model kernels on one device, built once per
@@ -182,15 +237,16 @@ pub(crate) fn default_unrolled(device: &wgpu::Device) -> bool {
 #[derive(Debug)]
 pub(crate) struct Pipelines {
     layouts: Vec<(ModelKernel, wgpu::BindGroupLayout)>,
-    pipelines: Vec<(Pipe, wgpu::ComputePipeline)>,
-    /// Lanes per output row of the matmul (a power of two, 1 to 32).
-    pub lanes: u32,
+    /// Each pipe, with the matmul form for the matmul pipes.
+    pipelines: Vec<((Pipe, Option<MatmulForm>), wgpu::ComputePipeline)>,
+    /// Which matmul form a call uses.
+    pub policy: MatmulPolicy,
 }
 
 impl Pipelines {
-    /// Compiles every kernel, the matmul with `lanes` lanes per output row and named
-    /// accumulators when `unrolled`; call inside an error scope.
-    pub(crate) fn new(device: &wgpu::Device, lanes: u32, unrolled: bool) -> Pipelines {
+    /// Compiles every kernel, the matmul in every form `policy` can choose; call inside an
+    /// error scope.
+    pub(crate) fn new(device: &wgpu::Device, policy: MatmulPolicy) -> Pipelines {
         let mut layouts = Vec::new();
         let mut modules = Vec::new();
         for kernel in ModelKernel::ALL {
@@ -218,7 +274,15 @@ impl Pipelines {
             modules.push((kernel, module));
         }
         let mut pipelines = Vec::new();
+        let mut keys: Vec<(Pipe, Option<MatmulForm>)> = Vec::new();
         for pipe in Pipe::ALL {
+            if pipe.kernel() == ModelKernel::MatmulQ8 {
+                keys.extend(policy.forms().into_iter().map(|f| (pipe, Some(f))));
+            } else {
+                keys.push((pipe, None));
+            }
+        }
+        for (pipe, form) in keys {
             let kernel = pipe.kernel();
             let label = format!("specdec.{}", kernel.name());
             let layout = &layouts.iter().find(|(k, _)| *k == kernel).expect("built").1;
@@ -228,7 +292,7 @@ impl Pipelines {
                 bind_group_layouts: &[Some(layout)],
                 immediate_size: 0,
             });
-            let constants = pipe.constants(lanes, unrolled);
+            let constants = form.map_or_else(Vec::new, |f| pipe.constants(f));
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: Some(&pl),
@@ -240,12 +304,12 @@ impl Pipelines {
                 },
                 cache: None,
             });
-            pipelines.push((pipe, pipeline));
+            pipelines.push(((pipe, form), pipeline));
         }
         Pipelines {
             layouts,
             pipelines,
-            lanes,
+            policy,
         }
     }
 
@@ -258,17 +322,13 @@ impl Pipelines {
             .1
     }
 
-    /// Output rows per matmul workgroup.
-    pub(crate) fn matmul_rows_per_wg(&self) -> usize {
-        (MATMUL_WG / self.lanes) as usize
-    }
-
-    pub(crate) fn pipeline(&self, pipe: Pipe) -> &wgpu::ComputePipeline {
+    /// The pipeline of `pipe` (in `form` for the matmul pipes).
+    pub(crate) fn pipeline(&self, pipe: Pipe, form: Option<MatmulForm>) -> &wgpu::ComputePipeline {
         &self
             .pipelines
             .iter()
-            .find(|(p, _)| *p == pipe)
-            .expect("every pipe is built")
+            .find(|(k, _)| *k == (pipe, form))
+            .expect("every pipe is built in every form the policy chooses")
             .1
     }
 }

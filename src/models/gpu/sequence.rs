@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::kernels::{ModelKernel, ModelParams, Pipe};
+use super::kernels::{MatmulForm, ModelKernel, ModelParams, Pipe};
 use super::weights::{GpuBlock, GpuMatrix, GpuModel};
 use super::GpuModelError;
 use crate::models::{ModelError, RopeStyle};
@@ -63,6 +63,22 @@ impl Tokens<'_> {
     }
 }
 
+impl Dispatch {
+    /// The pipe's name, with the matmul form (`Matmul/16r`: 16 lanes, rows one at a time; `u`:
+    /// named per-row sums).
+    fn label(&self) -> String {
+        match self.form {
+            Some(f) => format!(
+                "{:?}/{}{}",
+                self.pipe,
+                f.lanes,
+                if f.unrolled { 'u' } else { 'r' }
+            ),
+            None => format!("{:?}", self.pipe),
+        }
+    }
+}
+
 /// How a call's dispatches are timed on the GPU (profiling only).
 #[derive(Clone, Copy)]
 enum Timing<'a> {
@@ -76,6 +92,8 @@ enum Timing<'a> {
 /// One recorded dispatch: its pipeline, bind group, params slot and grid.
 struct Dispatch {
     pipe: Pipe,
+    /// The matmul form, for the matmul pipes.
+    form: Option<MatmulForm>,
     group: Group,
     slot: u32,
     grid: (u32, u32),
@@ -390,7 +408,7 @@ impl GpuSequence {
         tokens: Tokens<'_>,
         rows: usize,
         timing: Timing<'_>,
-    ) -> Result<Vec<Pipe>, GpuModelError> {
+    ) -> Result<Vec<String>, GpuModelError> {
         let n = tokens.len();
         let mut dirty = self.ensure_cache(encoder, self.len + n);
         dirty |= self.ensure_logits(rows);
@@ -447,13 +465,13 @@ impl GpuSequence {
                 timestamp_writes,
             });
             for d in part.iter() {
-                pass.set_pipeline(self.model.pipelines.pipeline(d.pipe));
+                pass.set_pipeline(self.model.pipelines.pipeline(d.pipe, d.form));
                 let offset = (u64::from(d.slot) * self.slot_bytes) as u32;
                 pass.set_bind_group(0, &self.groups[&d.group], &[offset]);
                 pass.dispatch_workgroups(d.grid.0, d.grid.1, 1);
             }
         }
-        Ok(dispatches.iter().map(|d| d.pipe).collect())
+        Ok(dispatches.iter().map(|d| d.label()).collect())
     }
 
     /// Grows the KV cache (and the attention scratch) to hold `needed` positions, copying the
@@ -569,9 +587,21 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     fn push(&mut self, pipe: Pipe, group: Group, p: ModelParams, grid: (u32, u32)) {
+        self.push_form(pipe, None, group, p, grid);
+    }
+
+    fn push_form(
+        &mut self,
+        pipe: Pipe,
+        form: Option<MatmulForm>,
+        group: Group,
+        p: ModelParams,
+        grid: (u32, u32),
+    ) {
         let slot = self.slots.slot(p);
         self.out.push(Dispatch {
             pipe,
+            form,
             group,
             slot,
             grid,
@@ -587,7 +617,8 @@ impl Planner<'_> {
         w: &GpuMatrix,
         p: ModelParams,
     ) {
-        let per_wg = self.model.pipelines.matmul_rows_per_wg();
+        let form = self.model.pipelines.policy.form(w.cols, p.rows as usize);
+        let per_wg = (super::kernels::MATMUL_WG / form.lanes) as usize;
         for (i, part) in w.parts.iter().enumerate() {
             let p = ModelParams {
                 width: w.cols as u32,
@@ -596,7 +627,7 @@ impl Planner<'_> {
                 ..p
             };
             let grid = grid_2d(part.rows.div_ceil(per_wg), self.max_dim);
-            self.push(pipe, group(i), p, grid);
+            self.push_form(pipe, Some(form), group(i), p, grid);
         }
     }
 
@@ -853,7 +884,7 @@ impl GpuSequence {
         self.truncate(start)?;
         let count = self.plan(tokens.len(), rows).0.len();
         let period = f64::from(m.queue.get_timestamp_period());
-        let mut run = |per_dispatch: bool| -> Result<(Vec<Pipe>, Vec<u64>), GpuModelError> {
+        let mut run = |per_dispatch: bool| -> Result<(Vec<String>, Vec<u64>), GpuModelError> {
             let queries = if per_dispatch { 2 * count } else { 2 } as u32;
             let set = m.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("specdec.model profile"),
@@ -888,7 +919,7 @@ impl GpuSequence {
         let mut kernels: Vec<(String, f64, usize)> = Vec::new();
         for (i, pipe) in pipes.iter().enumerate() {
             let ns = ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period;
-            let name = format!("{pipe:?}");
+            let name = pipe.clone();
             match kernels.iter_mut().find(|k| k.0 == name) {
                 Some(k) => {
                     k.1 += ns;

@@ -177,16 +177,18 @@ pub struct GpuModelOptions {
     /// `max_storage_buffer_binding_size` (None = the device's). Smaller caps split matrices into
     /// more parts; the logits do not change. For tests of the splitting.
     pub max_binding_bytes: Option<u64>,
-    /// Lanes that share one output row of the matmul (a power of two, 1 to 32; None: 32 on a
-    /// GPU, 4 on a CPU adapter). Tuning only, but it sets the summation order, so logits move
-    /// in their last bits when it changes; rows scored together still equal rows scored alone.
+    /// Lanes that share one output row of the matmul (a power of two, 1 to 32; None: by the
+    /// matrix width on a GPU, 16 up to 64 blocks per row and 32 above; 4 on a CPU adapter).
+    /// Tuning only, but it sets the summation order, so logits move in their last bits when it
+    /// changes; rows scored together still equal rows scored alone.
     pub matmul_lanes: Option<u32>,
     /// How the matmul keeps its per-row sums (the WGSL `UNROLLED` override of
     /// `shaders/model_matmul_q8.wgsl`): `Some(true)`, in 16 named variables inside the block
     /// loop, each weight block read once for all rows; `Some(false)`, one row at a time, the
-    /// block read again per row from cache. None: named on GPUs, one at a time on CPU adapters
-    /// (lavapipe runs every guarded sum of the named form: 4.6× slower at one row). The
-    /// summation order is the same either way.
+    /// block read again per row from cache. None: on GPUs one at a time for a single row (fewer
+    /// registers) and named for several; one at a time on CPU adapters (lavapipe runs every
+    /// guarded sum of the named form: 4.6× slower at one row). The summation order is the same
+    /// either way.
     pub matmul_unrolled: Option<bool>,
 }
 
@@ -405,14 +407,18 @@ impl GpuModel {
         } = host;
         let head = head.as_ref();
         check_config(config)?;
-        let lanes = options
-            .matmul_lanes
-            .unwrap_or_else(|| super::kernels::default_lanes(device));
-        if !lanes.is_power_of_two() || lanes > 32 {
-            return Err(GpuModelError::Invalid(format!(
-                "matmul_lanes {lanes}: use a power of two from 1 to 32"
-            )));
+        if let Some(lanes) = options.matmul_lanes {
+            if !lanes.is_power_of_two() || lanes > 32 {
+                return Err(GpuModelError::Invalid(format!(
+                    "matmul_lanes {lanes}: use a power of two from 1 to 32"
+                )));
+            }
         }
+        let policy = super::kernels::MatmulPolicy::new(
+            device,
+            options.matmul_lanes,
+            options.matmul_unrolled,
+        );
         let limits = device.limits();
         let max_binding = limits
             .max_storage_buffer_binding_size
@@ -458,13 +464,7 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(
-                    device,
-                    lanes,
-                    options
-                        .matmul_unrolled
-                        .unwrap_or_else(|| super::kernels::default_unrolled(device)),
-                ),
+                pipelines: Pipelines::new(device, policy),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
