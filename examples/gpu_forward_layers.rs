@@ -9,25 +9,21 @@
 //! ```
 //!
 //! Wall clock per call from recording to a blocking wait, median of 20 after 3 warm-up calls.
-use specdec::models::{Architecture, Config, GpuModel, GpuModelOptions, GpuSequence, RopeStyle};
+use specdec::models::{Config, GpuModel, GpuModelOptions, GpuSequence};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The Qwen2.5 1.5B shape with other sizes.
 fn cfg(layers: usize, hidden: usize, ffn: usize, heads: usize, vocab: usize) -> Config {
     Config {
-        architecture: Architecture::Qwen2,
         layers,
         hidden,
         ffn,
         heads,
-        kv_heads: 2,
         head_dim: hidden / heads,
         vocab_size: vocab,
-        rms_eps: 1e-6,
-        rope_theta: 1_000_000.0,
-        rope_style: RopeStyle::RotateHalves,
         context_length: 4096,
-        tied_embeddings: true,
+        ..Config::known_shape("qwen-1.5b").expect("a known shape")
     }
 }
 

@@ -293,16 +293,8 @@ impl<'v> GpuDecoder<'v> {
         input.extend_from_slice(&drafts);
         let draft_ids: Vec<i32> = drafts.iter().map(|&d| d as i32).collect();
         let vocab = self.target.model().config().vocab_size;
-        let request = Request {
-            num_drafts: drafts.len() as u32,
-            params: *params,
-            position: len as u64,
-        };
-        let rates = self
-            .config
-            .synthetic_rates
-            .as_deref()
-            .map(|r| &r[..drafts.len().min(r.len())]);
+        let request = target_request(params, len, drafts.len());
+        let rates = step_rates(&self.config, drafts.len());
         let mut enc = self.encoder("specdec.decode step");
         let logits = self.target.record(&mut enc, &input, input.len())?;
         let pending_verify = self.verifier.record(
@@ -476,16 +468,8 @@ impl<'v> GpuDecoder<'v> {
         }
         let t1 = Instant::now();
         let pending = seq.tokens[len - 1];
-        let request = Request {
-            num_drafts: cap as u32,
-            params: *params,
-            position: len as u64,
-        };
-        let rates = self
-            .config
-            .synthetic_rates
-            .as_deref()
-            .map(|r| &r[..cap.min(r.len())]);
+        let request = target_request(params, len, cap);
+        let rates = step_rates(&self.config, cap);
         let mut enc = new_encoder("specdec.decode step");
         let from = crate::DeviceIds {
             buffer: &ids,
@@ -521,6 +505,22 @@ impl<'v> GpuDecoder<'v> {
         self.metrics.score_time += t2 - t1;
         self.commit(seq, cap, out.accepted(0), out.emitted(0))
     }
+}
+
+/// The target's verification request of a step: `drafts` drafts after the `len` committed
+/// tokens.
+fn target_request(params: &SamplingParams, len: usize, drafts: usize) -> Request {
+    Request {
+        num_drafts: drafts as u32,
+        params: *params,
+        position: len as u64,
+    }
+}
+
+/// The synthetic rule's rates for a step of `drafts` drafts (benchmarks).
+fn step_rates(config: &GpuDecodeConfig, drafts: usize) -> Option<&[f32]> {
+    let r = config.synthetic_rates.as_deref()?;
+    Some(&r[..drafts.min(r.len())])
 }
 
 /// `feed` as the tokens before its last `MAX_ROWS`-sized chunk and that chunk (never empty when
