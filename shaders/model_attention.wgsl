@@ -4,23 +4,28 @@
 //
 //   Q:       f32[rows, heads · head_dim]          (roped)
 //   K, V:    f32[capacity, kv_heads · head_dim]   position-major cache of one layer (K roped)
-//   scratch: f32[rows · heads, scratch_stride]    the scores, then their exponentials
+//   scratch: f32[rows · heads, scratch_stride]    scores of positions ≥ SC_CAP
 //   O:       8-bit blocks of [rows, heads · head_dim]
 //
 // Query head h reads kv head h / (heads / kv_heads). For position p = pos + m:
 //   s_j = (q · k_j) · scale, j = 0..=p;  e_j = exp(s_j − max s);  o = (Σ_j e_j · v_j) / Σ e.
 // Every sum has a fixed order that depends on p and the head shape alone, so a row's output is
 // the same bits whatever other rows share the call: q · k_j over the head's words in increasing
-// order; Σ e over j ≡ t mod 256 per thread t, then a fixed tree; o per column word c over the
-// j ≡ s mod S of each of the S = 256 / (head_dim / 4) slices, then the slices in order.
+// order; Σ e and the output column words over the j ≡ s mod S of each of the S = 256 / HW
+// slices in increasing j, then the slices in order.
 // Needs head_dim % 32 == 0 and head_dim ≤ 512.
 //
 // Decoding scores a few rows against a short cache, so a workgroup's time is the latency of its
-// dependent loads, not bandwidth: the loops load four terms ahead and add them in order (the
-// same order as one at a time), and 256 threads cover 256 positions, or 8 slices of positions
-// for a head of 128, at once.
+// dependent loads and barriers, not bandwidth. The head width is a pipeline constant (HW), so
+// the score loop over a head's words is unrolled and its loads issued together; the scores stay
+// in workgroup memory (up to SC_CAP positions); the exponentials are taken in the value pass,
+// which also sums them, so one reduction tree (the maximum) is left.
 
 const WG: u32 = 256u;
+// Words of 4 values in a head: head_dim / 4, set per model (src/models/gpu/kernels.rs).
+override HW: u32 = 16u;
+// Positions whose scores stay in workgroup memory; later ones go through `scratch`.
+const SC_CAP: u32 = 2048u;
 
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
@@ -32,28 +37,36 @@ const WG: u32 = 256u;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> qh: array<vec4<f32>, 128>;
 var<workgroup> acc: array<vec4<f32>, WG>;
+var<workgroup> sc: array<f32, SC_CAP>;
+var<workgroup> amax4: array<f32, 128>;
+
+fn score(sb: u32, j: u32) -> f32 {
+    if (j < SC_CAP) {
+        return sc[j];
+    }
+    return scratch[sb + j];
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let m = wid.y;
-    let hw = P.head_dim / 4u;
     let p = P.pos + m;
     let kvh = h / (P.heads / P.kv_heads);
-    let kvw = P.kv_heads * hw;
-    let qb = (m * P.heads + h) * hw;
+    let kvw = P.kv_heads * HW;
+    let qb = (m * P.heads + h) * HW;
     let sb = (m * P.heads + h) * P.scratch_stride;
-    if (li < hw) {
+    if (li < HW) {
         qh[li] = q[qb + li];
     }
     workgroupBarrier();
 
     var mx = bitcast<f32>(0xff800000u);
     for (var j = li; j <= p; j += WG) {
-        let kb = j * kvw + kvh * hw;
+        let kb = j * kvw + kvh * HW;
         var s = 0.0;
-        // hw is a multiple of 8.
-        for (var d = 0u; d < hw; d += 4u) {
+        // HW is a multiple of 8 and a constant: the loop unrolls.
+        for (var d = 0u; d < HW; d += 4u) {
             let k0 = kc[kb + d];
             let k1 = kc[kb + d + 1u];
             let k2 = kc[kb + d + 2u];
@@ -64,7 +77,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             s += dot(qh[d + 3u], k3);
         }
         s = s * P.scale;
-        scratch[sb + j] = s;
+        if (j < SC_CAP) {
+            sc[j] = s;
+        } else {
+            scratch[sb + j] = s;
+        }
         mx = max(mx, s);
     }
     red[li] = mx;
@@ -76,74 +93,71 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         workgroupBarrier();
     }
     let top = red[0];
+    // Everyone has read the maximum before `red` takes the slices' sums; the scores written by
+    // other threads (workgroup memory and scratch) are visible after this.
     workgroupBarrier();
-
-    var sum = 0.0;
-    for (var j = li; j <= p; j += WG) {
-        let e = exp(scratch[sb + j] - top);
-        scratch[sb + j] = e;
-        sum += e;
-    }
-    red[li] = sum;
-    workgroupBarrier();
-    for (var half = WG / 2u; half > 0u; half /= 2u) {
-        if (li < half) {
-            red[li] += red[li + half];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    // The exponentials were written by other threads of this workgroup.
     storageBarrier();
 
-    let slices = WG / hw;
-    let c = li % hw;
-    let slice = li / hw;
+    let slices = WG / HW;
+    let c = li % HW;
+    let slice = li / HW;
     var a = vec4<f32>(0.0);
+    var es = 0.0;
     if (slice < slices) {
-        let vb = kvh * hw + c;
+        let vb = kvh * HW + c;
         var j = slice;
         for (; j + 3u * slices <= p; j += 4u * slices) {
-            let e0 = scratch[sb + j];
-            let e1 = scratch[sb + j + slices];
-            let e2 = scratch[sb + j + 2u * slices];
-            let e3 = scratch[sb + j + 3u * slices];
             let v0 = vc[j * kvw + vb];
             let v1 = vc[(j + slices) * kvw + vb];
             let v2 = vc[(j + 2u * slices) * kvw + vb];
             let v3 = vc[(j + 3u * slices) * kvw + vb];
+            let e0 = exp(score(sb, j) - top);
+            let e1 = exp(score(sb, j + slices) - top);
+            let e2 = exp(score(sb, j + 2u * slices) - top);
+            let e3 = exp(score(sb, j + 3u * slices) - top);
             a += e0 * v0;
             a += e1 * v1;
             a += e2 * v2;
             a += e3 * v3;
+            es += e0;
+            es += e1;
+            es += e2;
+            es += e3;
         }
         for (; j <= p; j += slices) {
-            a += scratch[sb + j] * vc[j * kvw + vb];
+            let e = exp(score(sb, j) - top);
+            a += e * vc[j * kvw + vb];
+            es += e;
         }
     }
     acc[li] = a;
-    workgroupBarrier();
-    var o = vec4<f32>(0.0);
-    if (li < hw) {
-        o = acc[li];
-        for (var s = 1u; s < slices; s++) {
-            o += acc[s * hw + li];
-        }
-        o = o / total;
-        red[li] = max4(o);
+    if (c == 0u && slice < slices) {
+        red[slice] = es;
     }
     workgroupBarrier();
-    if (li < hw) {
-        let g = li & ~7u;
-        var amax = red[g];
-        for (var j = 1u; j < 8u; j++) {
-            amax = max(amax, red[g + j]);
+    var o = vec4<f32>(0.0);
+    if (li < HW) {
+        o = acc[li];
+        var total = red[0];
+        for (var s = 1u; s < slices; s++) {
+            o += acc[s * HW + li];
+            total += red[s];
         }
-        let sc = q8_scale(amax);
+        o = o / total;
+        amax4[li] = max4(o);
+    }
+    workgroupBarrier();
+    if (li < HW) {
+        let g = li & ~7u;
+        var amax = amax4[g];
+        for (var j = 1u; j < 8u; j++) {
+            amax = max(amax, amax4[g + j]);
+        }
+        let sc8 = q8_scale(amax);
         let word = qb + li;
-        oq[word] = q8_word(o, sc.y);
+        oq[word] = q8_word(o, sc8.y);
         if ((li & 7u) == 0u) {
-            od[word / 8u] = sc.x;
+            od[word / 8u] = sc8.x;
         }
     }
 }

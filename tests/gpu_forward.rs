@@ -518,6 +518,63 @@ fn a_random_qwen2_shape_matches_the_f64_reference() {
     }
 }
 
+/// Attention keeps the scores of the first 2,048 positions in workgroup memory and later ones in
+/// a global scratch buffer: a context past that boundary still matches the reference, and rows
+/// scored together still equal rows scored alone there.
+#[test]
+fn a_context_past_the_workgroup_scores_matches_the_reference() {
+    let Some((device, queue)) = device() else {
+        return;
+    };
+    let config = specdec::models::Config {
+        architecture: specdec::models::Architecture::Qwen2,
+        layers: 1,
+        hidden: 64,
+        ffn: 96,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 32,
+        vocab_size: 97,
+        rms_eps: 1e-6,
+        rope_theta: 10_000.0,
+        rope_style: specdec::models::RopeStyle::RotateHalves,
+        context_length: 2200,
+        tied_embeddings: false,
+    };
+    let host = HostModel::random(&config, 11);
+    let model =
+        Arc::new(GpuModel::upload(&host, device, queue, &GpuModelOptions::default()).unwrap());
+    let tokens: Vec<u32> = (0..2100).map(|i| (i * 37 + 5) % 97).collect();
+    let mut seq = GpuSequence::new(model).unwrap();
+    let mut last = Vec::new();
+    for chunk in tokens.chunks(MAX_ROWS) {
+        last = seq.forward_blocking(chunk).unwrap();
+    }
+    let tail = tokens.len() % MAX_ROWS;
+    assert_eq!(last.len(), tail * config.vocab_size);
+    let reference = host.reference_forward(&tokens, config.layers);
+    let reference = &reference[(tokens.len() - tail) * config.vocab_size..];
+    let diff = max_abs_diff(&last, reference);
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("2,100 positions: max |GPU − reference| {diff:.2e}, largest |logit| {scale:.3}");
+    assert!(scale > 0.1, "degenerate logits");
+    assert!(diff <= FLIP_TOLERANCE * scale.max(1.0));
+    // Negative control: the reference with one token past the boundary changed (a key and
+    // value the scratch path reads) is far from the GPU.
+    let mut changed = tokens.clone();
+    changed[2060] = (changed[2060] + 1) % 97;
+    let other = host.reference_forward(&changed, config.layers);
+    let far = max_abs_diff(&last, &other[(tokens.len() - tail) * config.vocab_size..]);
+    eprintln!("token 2,060 changed: max |diff| {far:.3e}");
+    assert!(far > 4.0 * diff.max(1e-4), "{far}");
+    seq.truncate(tokens.len() - tail).unwrap();
+    let singles: Vec<f32> = tokens[tokens.len() - tail..]
+        .iter()
+        .flat_map(|&t| seq.forward_blocking(&[t]).unwrap())
+        .collect();
+    assert_eq!(bits(&singles), bits(&last));
+}
+
 fn check_random_qwen2(host: &HostModel, model: Arc<GpuModel>) {
     let config = host.config().clone();
     assert_eq!(model.head_parts(), 3);

@@ -244,9 +244,9 @@ pub(crate) struct Pipelines {
 }
 
 impl Pipelines {
-    /// Compiles every kernel, the matmul in every form `policy` can choose; call inside an
-    /// error scope.
-    pub(crate) fn new(device: &wgpu::Device, policy: MatmulPolicy) -> Pipelines {
+    /// Compiles every kernel, the matmul in every form `policy` can choose, attention for heads
+    /// of `head_dim`; call inside an error scope.
+    pub(crate) fn new(device: &wgpu::Device, policy: MatmulPolicy, head_dim: usize) -> Pipelines {
         let mut layouts = Vec::new();
         let mut modules = Vec::new();
         for kernel in ModelKernel::ALL {
@@ -292,7 +292,11 @@ impl Pipelines {
                 bind_group_layouts: &[Some(layout)],
                 immediate_size: 0,
             });
-            let constants = form.map_or_else(Vec::new, |f| pipe.constants(f));
+            let constants = match (pipe, form) {
+                (_, Some(f)) => pipe.constants(f),
+                (Pipe::Attention, None) => vec![("HW", (head_dim / 4) as f64)],
+                _ => Vec::new(),
+            };
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: Some(&pl),

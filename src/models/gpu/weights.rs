@@ -464,7 +464,7 @@ impl GpuModel {
                 device: device.clone(),
                 queue: queue.clone(),
                 config: config.clone(),
-                pipelines: Pipelines::new(device, policy),
+                pipelines: Pipelines::new(device, policy, config.head_dim),
                 embedding: up("token_embd", embedding),
                 head: head.map(|h| up("output", h)),
                 output_norm: floats("output_norm", output_norm),
