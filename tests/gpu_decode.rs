@@ -7,6 +7,9 @@
 //! - sampled drafts keep their rows on the GPU as the verifier's `q`: the whole model as its own
 //!   draft has `q == p` bit for bit, so every draft must be accepted (a wrong or stale `q` row
 //!   rejects some), while a third of the layers must reject some (the negative control);
+//! - plain decoding, which records windows of tokens ahead (each forward fed the previous token
+//!   on the GPU), equals a forward-and-argmax loop one token at a time, stops at an
+//!   end-of-sequence token inside a window, and replays when seeded;
 //! - a seeded sampled run is reproducible; bad configurations are typed errors.
 //!
 //! Needs the weights (`examples/fetch-models.sh smollm2`) and a GPU adapter (lavapipe in CI:
@@ -19,10 +22,11 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use specdec::models::{
-    models_dir, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelError, GpuModelOptions, GpuProposer,
-    GpuSequence, Weights, SMOLLM2_FILE,
+    argmax, models_dir, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelError, GpuModelOptions,
+    GpuProposer, GpuSequence, Weights, PLAIN_WINDOW, SMOLLM2_FILE,
 };
 use specdec::speculative::NgramProposer;
+use specdec::speculative::StopReason;
 use specdec::{SamplingParams, Verifier, VerifierOptions};
 
 /// A short Python function (SmolLM2 ids) whose continuation repeats some of it.
@@ -120,6 +124,63 @@ fn greedy_speculative_output_equals_plain_output() {
         assert_eq!(m.appended, NEW_TOKENS as u64);
         assert!(m.accepted <= m.proposed);
     }
+}
+
+#[test]
+fn plain_decoding_runs_ahead_and_equals_one_token_at_a_time() {
+    let Some(model) = gpu_model() else { return };
+    let vocab = model.config().vocab_size;
+    // Three windows: the second and third are fed their first token from the GPU.
+    let n = 2 * PLAIN_WINDOW + 4;
+    let mut seq = GpuSequence::new(model.clone()).unwrap();
+    let logits = seq.forward_blocking(PROMPT).unwrap();
+    let mut want = vec![argmax(&logits[(PROMPT.len() - 1) * vocab..])];
+    while want.len() < n {
+        let l = seq.forward_blocking(&want[want.len() - 1..]).unwrap();
+        want.push(argmax(&l));
+    }
+    let mut plain = decoder(&model, GpuProposer::None, 4).unwrap();
+    let got = plain.generate(PROMPT, SamplingParams::greedy(), n).unwrap();
+    assert_eq!(got.tokens, want, "plain decoding != one token at a time");
+    assert_eq!(got.stop, StopReason::MaxLen);
+    assert_eq!(plain.metrics().target_calls, n as u64);
+    // An end-of-sequence token inside the second window (its first occurrence) stops there;
+    // the windows recorded past it are dropped, and the next generation, fed the text so far,
+    // continues exactly.
+    let j = (PLAIN_WINDOW + 1..n - 1)
+        .find(|&j| !want[..j].contains(&want[j]))
+        .expect("a token that does not occur earlier");
+    let verifier = common::gpu().expect("gpu_model() found one");
+    let mut eos = GpuDecoder::new(
+        verifier,
+        GpuSequence::new(model.clone()).unwrap(),
+        GpuProposer::None,
+        GpuDecodeConfig {
+            eos: vec![want[j]],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let stopped = eos.generate(PROMPT, SamplingParams::greedy(), n).unwrap();
+    assert_eq!(stopped.tokens, want[..=j], "stopped at {j}");
+    assert_eq!(stopped.stop, StopReason::Eos);
+    let prompt: Vec<u32> = PROMPT.iter().chain(&want[..=j]).copied().collect();
+    let rest = plain
+        .generate(&prompt, SamplingParams::greedy(), n - j - 1)
+        .unwrap();
+    assert_eq!(rest.tokens, want[j + 1..]);
+    // Seeded sampling replays; another seed is a different text (the negative control).
+    let a = plain
+        .generate(PROMPT, SamplingParams::seeded(1.0, 3), n)
+        .unwrap();
+    let b = plain
+        .generate(PROMPT, SamplingParams::seeded(1.0, 3), n)
+        .unwrap();
+    let c = plain
+        .generate(PROMPT, SamplingParams::seeded(1.0, 4), n)
+        .unwrap();
+    assert_eq!(a, b, "a seeded plain run did not replay");
+    assert_ne!(a.tokens, c.tokens, "two seeds gave the same {n} tokens");
 }
 
 #[test]

@@ -17,14 +17,26 @@
 //! commit   : append the emitted tokens, truncate both KV caches to what was kept
 //! ```
 //!
-//! Plain decoding ([`GpuDecoder::generate_plain`]) is the same loop with no drafts, so the two are
-//! measured with the same kernels; and because each position's logits are the same bits however
-//! many rows a call scores, greedy speculative output equals greedy plain output exactly.
+//! Plain decoding ([`GpuProposer::None`]) runs the same kernels without drafts and without
+//! waiting for each token: the forward of token `t + 1` reads token `t` from the verifier's
+//! output on the GPU, so the host records windows of [`PLAIN_WINDOW`] tokens ahead and reads a
+//! window back while the next one runs (a token per step still costs a forward and a verifier
+//! call; only the host's wait between them is gone). Because each position's logits are the same
+//! bits however many rows a call scores, greedy speculative output equals greedy plain output
+//! exactly, and a seeded sampled run gives the same tokens either way (its draws are keyed by
+//! position).
 
+use super::sequence::{finish_read, start_read, PendingRead};
 use super::{GpuModelError, GpuSequence};
 use crate::speculative::{Metrics, NgramProposer, StopReason};
 use crate::{Draft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier};
+use std::collections::VecDeque;
 use std::time::Instant;
+
+/// Tokens plain decoding records before it reads them back; two windows are in flight, so the
+/// GPU runs one while the host reads the other. Up to `2 · PLAIN_WINDOW − 1` tokens past an
+/// end-of-sequence token are computed and dropped.
+pub const PLAIN_WINDOW: usize = 8;
 
 /// Where a step's drafts come from.
 #[derive(Debug)]
@@ -186,6 +198,11 @@ impl<'v> GpuDecoder<'v> {
         }
         let mut seq = Committed::new(prompt);
         self.prefill(prompt)?;
+        if matches!(self.proposer, GpuProposer::None) {
+            let (tokens, stop) = self.plain(&mut seq, &params, max_new_tokens)?;
+            self.metrics.elapsed += start.elapsed();
+            return Ok(GpuGeneration { tokens, stop });
+        }
         let mut out = Vec::new();
         let stop = loop {
             if out.len() >= max_new_tokens {
@@ -504,6 +521,140 @@ impl<'v> GpuDecoder<'v> {
         self.metrics.propose_time += t1 - t0;
         self.metrics.score_time += t2 - t1;
         self.commit(seq, cap, out.accepted(0), out.emitted(0))
+    }
+}
+
+/// A window of plain decoding in flight: its tokens' ids on the GPU and their readback.
+struct Window {
+    /// The emitted ids, one u32 per token, in order.
+    ids: wgpu::Buffer,
+    count: usize,
+    pendings: Vec<crate::PendingVerify>,
+    read: PendingRead,
+}
+
+impl<'v> GpuDecoder<'v> {
+    /// Plain decoding of up to `max_new` tokens after `seq`, windows recorded ahead of the
+    /// readback (module documentation). Leaves the target's cache holding everything committed
+    /// but the last token, as a step does.
+    fn plain(
+        &mut self,
+        seq: &mut Committed,
+        params: &SamplingParams,
+        max_new: usize,
+    ) -> Result<(Vec<u32>, StopReason), GpuModelError> {
+        let t0 = Instant::now();
+        let base = seq.tokens.len();
+        let mut out = Vec::new();
+        let mut inflight: VecDeque<Window> = VecDeque::new();
+        let mut recorded = 0;
+        let stop = loop {
+            while inflight.len() < 2 && recorded < max_new {
+                let n = PLAIN_WINDOW.min(max_new - recorded);
+                let prev = inflight.back().map(|w| (&w.ids, w.count));
+                let w =
+                    self.record_window(seq.tokens[base - 1], prev, base + recorded, n, params)?;
+                recorded += n;
+                inflight.push_back(w);
+            }
+            let Some(w) = inflight.pop_front() else {
+                break StopReason::MaxLen;
+            };
+            let bytes = finish_read(self.target.model(), w.read)?;
+            for p in w.pendings {
+                self.verifier.release(p);
+            }
+            let tokens: &[u32] = bytemuck::cast_slice(&bytes);
+            let mut stop = None;
+            for &t in &tokens[..w.count] {
+                out.push(t);
+                seq.tokens.push(t);
+                self.metrics.appended += 1;
+                self.metrics.target_calls += 1;
+                self.metrics.verify_calls += 1;
+                self.metrics.record_step(0, 0);
+                if self.config.eos.contains(&t) {
+                    stop = Some(StopReason::Eos);
+                    break;
+                }
+            }
+            if let Some(s) = stop {
+                break s;
+            }
+        };
+        // Windows recorded past the end run on the GPU and are dropped; the cache forgets them.
+        self.target.truncate(seq.tokens.len() - 1)?;
+        self.metrics.score_time += t0.elapsed();
+        Ok((out, stop))
+    }
+
+    /// Records and submits `n` plain steps for positions `position..position + n`: the first
+    /// forwards `host` (the committed last token) or, after another window, that window's last
+    /// id on the GPU; each later one forwards the previous step's token from the GPU.
+    fn record_window(
+        &mut self,
+        host: u32,
+        prev: Option<(&wgpu::Buffer, usize)>,
+        position: usize,
+        n: usize,
+        params: &SamplingParams,
+    ) -> Result<Window, GpuModelError> {
+        let model = self.target.model().clone();
+        let device = model.device();
+        let ids = crate::gpu::scoped(device, || {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("specdec.decode plain ids"),
+                size: (4 * n as u64).next_multiple_of(16),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let verifier = self.verifier;
+        let vocab = model.config().vocab_size;
+        let mut pendings = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut enc = self.encoder("specdec.decode plain");
+            let from = match (i, prev) {
+                (0, None) => None,
+                (0, Some((buffer, count))) => Some((buffer, count - 1)),
+                (_, _) => Some((&ids, i - 1)),
+            };
+            let logits = match from {
+                None => self.target.record(&mut enc, &[host], 1)?,
+                Some((buffer, at)) => {
+                    let ids = crate::DeviceIds {
+                        buffer,
+                        offset: 4 * at as u64,
+                    };
+                    self.target.record_device_tokens(&mut enc, &[], ids, 1, 1)?
+                }
+            };
+            let pending = verifier.record(
+                &mut enc,
+                &GpuVerifyBatch {
+                    vocab_size: vocab as u32,
+                    requests: &[target_request(params, position + i, 0)],
+                    draft_token_ids: &[],
+                    target_logits: logits.gpu_rows(),
+                    draft: Draft::OneHot,
+                    draft_vocab_size: None,
+                    synthetic_rates: step_rates(&self.config, 0),
+                },
+            )?;
+            // Request 0's first emitted token is word 0 of the output.
+            enc.copy_buffer_to_buffer(pending.output_buffer(), 0, &ids, 4 * i as u64, 4);
+            self.queue().submit([enc.finish()]);
+            pendings.push(pending);
+        }
+        let read = start_read(&model, &ids, 4 * n as u64)?;
+        Ok(Window {
+            ids,
+            count: n,
+            pendings,
+            read,
+        })
     }
 }
 

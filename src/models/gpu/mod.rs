@@ -39,7 +39,7 @@ mod reference;
 mod sequence;
 mod weights;
 
-pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer};
+pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer, PLAIN_WINDOW};
 pub use kernels::{ModelKernel, MODEL_COMMON};
 pub use sequence::{ForwardProfile, GpuLogits, GpuSequence, MAX_ROWS};
 pub use weights::{GpuModel, GpuModelOptions, HostModel, Q8Matrix, Q8_BLOCK};

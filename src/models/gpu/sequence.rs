@@ -946,7 +946,23 @@ pub struct ForwardProfile {
 
 /// Copies `bytes` of `src` (a `COPY_SRC` buffer) to the host, blocking until the copy is done.
 fn read_back(m: &GpuModel, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuModelError> {
-    let gpu_err = |detail: String| GpuModelError::Gpu(crate::Error::Gpu { detail });
+    let pending = start_read(m, src, bytes)?;
+    finish_read(m, pending)
+}
+
+/// A copy to a mappable buffer, submitted after everything submitted before it.
+pub(super) struct PendingRead {
+    staging: wgpu::Buffer,
+    submission: wgpu::SubmissionIndex,
+}
+
+/// Submits a copy of `bytes` of `src` (a `COPY_SRC` buffer) into a mappable buffer; later
+/// submissions may run while [`finish_read`] waits for this one alone.
+pub(super) fn start_read(
+    m: &GpuModel,
+    src: &wgpu::Buffer,
+    bytes: u64,
+) -> Result<PendingRead, GpuModelError> {
     let (staging, submission) = crate::gpu::scoped(&m.device, || {
         let staging = m.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("specdec.model readback"),
@@ -963,6 +979,19 @@ fn read_back(m: &GpuModel, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, Gp
         let submission = m.queue.submit([encoder.finish()]);
         (staging, submission)
     })?;
+    Ok(PendingRead {
+        staging,
+        submission,
+    })
+}
+
+/// Waits for the copy of `pending` (not for what was submitted after it) and returns its bytes.
+pub(super) fn finish_read(m: &GpuModel, pending: PendingRead) -> Result<Vec<u8>, GpuModelError> {
+    let gpu_err = |detail: String| GpuModelError::Gpu(crate::Error::Gpu { detail });
+    let PendingRead {
+        staging,
+        submission,
+    } = pending;
     let flag = Arc::new(Mutex::new(None));
     let flag_c = flag.clone();
     staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
