@@ -123,6 +123,12 @@ fn greedy_speculative_output_equals_plain_output() {
         assert_eq!(got, want, "{name}: speculative greedy != plain greedy");
         assert_eq!(m.appended, NEW_TOKENS as u64);
         assert!(m.accepted <= m.proposed);
+        if name.starts_with("the whole model") {
+            // Its drafts are the target's own argmaxes, fed the right tokens (including the
+            // first draft of each step, recorded ahead for every outcome): all accepted.
+            assert!(m.proposed > 0);
+            assert_eq!(m.accepted, m.proposed, "{name}: a draft was rejected");
+        }
     }
 }
 

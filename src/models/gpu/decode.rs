@@ -31,6 +31,8 @@ use super::{GpuModelError, GpuSequence};
 use crate::speculative::{Metrics, NgramProposer, StopReason};
 use crate::{Draft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Tokens plain decoding records before it reads them back; two windows are in flight, so the
@@ -95,6 +97,15 @@ pub struct GpuDecoder<'v> {
     q_rows: Option<wgpu::Buffer>,
     /// The draft model's drafted ids of a step (`MAX_ROWS` u32), written on the GPU.
     draft_ids: Option<wgpu::Buffer>,
+    /// The two input ids of a first draft after a step that accepted every draft (its last
+    /// draft and the bonus token), gathered on the GPU.
+    pair_ids: Option<wgpu::Buffer>,
+    /// The next step's first draft, already submitted: its verifier call (the drafted token)
+    /// and the committed length it drafts after.
+    ahead: Option<(crate::PendingVerify, usize)>,
+    /// Steps with a draft model by drafts accepted: the order in which the next first draft is
+    /// recorded ahead for each outcome.
+    outcomes: [u64; super::MAX_ROWS],
     metrics: Metrics,
 }
 
@@ -161,6 +172,9 @@ impl<'v> GpuDecoder<'v> {
             config,
             q_rows: None,
             draft_ids: None,
+            pair_ids: None,
+            ahead: None,
+            outcomes: [0; super::MAX_ROWS],
             metrics: Metrics::default(),
         })
     }
@@ -211,7 +225,10 @@ impl<'v> GpuDecoder<'v> {
             let cap = (max_new_tokens - out.len())
                 .saturating_sub(1)
                 .min(self.config.num_drafts);
-            let emitted = self.step(&mut seq, &params, cap)?;
+            // Another step surely follows (barring an end-of-sequence token) when even a step
+            // that accepts every draft leaves tokens to generate.
+            let more = max_new_tokens - out.len() >= cap + 2;
+            let emitted = self.step(&mut seq, &params, cap, more)?;
             let mut stop = None;
             for &t in &emitted {
                 if out.len() >= max_new_tokens {
@@ -236,6 +253,9 @@ impl<'v> GpuDecoder<'v> {
     /// Feeds all prompt tokens but the last to the target (and the draft model); the last one is
     /// scored in the first step.
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), GpuModelError> {
+        if let Some((p, _)) = self.ahead.take() {
+            self.verifier.release(p);
+        }
         self.target.truncate(0)?;
         if let GpuProposer::Model(d) = &mut self.proposer {
             d.truncate(0)?;
@@ -296,12 +316,18 @@ impl<'v> GpuDecoder<'v> {
         seq: &mut Committed,
         params: &SamplingParams,
         cap: usize,
+        more: bool,
     ) -> Result<Vec<u32>, GpuModelError> {
         if matches!(self.proposer, GpuProposer::Model(_)) {
-            return self.step_device_drafts(seq, params, cap);
+            return self.step_device_drafts(seq, params, cap, more);
         }
         let t0 = Instant::now();
         let drafts = self.propose(seq, cap);
+        if drafts.is_empty() && cap > 0 {
+            // No draft (no n-gram match): `cap + 1` plain tokens recorded ahead, as plain
+            // decoding does, rather than one token with the host waiting for it.
+            return self.plain_burst(seq, params, cap + 1);
+        }
         let t1 = Instant::now();
         let len = seq.tokens.len();
         let pending = seq.tokens[len - 1];
@@ -350,8 +376,13 @@ impl<'v> GpuDecoder<'v> {
         seq.tokens.extend_from_slice(&emitted);
         let keep = seq.tokens.len() - 1;
         self.target.truncate(keep)?;
+        // A first draft submitted ahead has consumed the new pending token too.
+        let draft_keep = match &self.ahead {
+            Some((_, at)) if *at == seq.tokens.len() => *at,
+            _ => keep,
+        };
         if let GpuProposer::Model(d) = &mut self.proposer {
-            let l = d.len().min(keep);
+            let l = d.len().min(draft_keep);
             d.truncate(l)?;
         }
         Ok(emitted)
@@ -412,11 +443,18 @@ impl<'v> GpuDecoder<'v> {
     /// is recorded, so the GPU runs while the host records the next; the target scores
     /// `[pending, d_1 .. d_k]` and verifies them against those ids in the last submission, and
     /// its emitted tokens are the step's one readback.
+    ///
+    /// While the GPU runs that, the host records the next step's first draft once per possible
+    /// outcome (`a` = 0..=k drafts accepted: the draft model appends the emitted token `a`, or
+    /// its last draft and the bonus token when all were accepted, read from the verifier's
+    /// output on the GPU) and submits the one the readback names at once, so the GPU does not
+    /// wait for the host between steps. `more`: another step follows.
     fn step_device_drafts(
         &mut self,
         seq: &mut Committed,
         params: &SamplingParams,
         cap: usize,
+        more: bool,
     ) -> Result<Vec<u32>, GpuModelError> {
         let t0 = Instant::now();
         let sampled = params.temperature > 0.0;
@@ -424,12 +462,7 @@ impl<'v> GpuDecoder<'v> {
         let verifier = self.verifier;
         let vocab = self.target.model().config().vocab_size;
         let row_bytes = (vocab * 4) as u64;
-        let mut draft_params = *params;
-        draft_params.seed = params.seed.map(draft_seed);
-        // The draft samples its own token; a synthetic target rule has no meaning there.
-        if draft_params.rule == crate::Rule::Synthetic {
-            draft_params.rule = crate::Rule::Exact;
-        }
+        let draft_params = draft_params(params);
         let len = seq.tokens.len();
         let device = self.target.model().device().clone();
         let queue = self.target.model().queue().clone();
@@ -437,7 +470,12 @@ impl<'v> GpuDecoder<'v> {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
         };
         let mut drafted: Vec<crate::PendingVerify> = Vec::with_capacity(cap);
-        for i in 0..cap {
+        match self.ahead.take() {
+            Some((p, at)) if at == len && cap > 0 => drafted.push(p),
+            Some((p, _)) => verifier.release(p),
+            None => {}
+        }
+        for i in drafted.len()..cap {
             let GpuProposer::Model(d) = &mut self.proposer else {
                 unreachable!("step_device_drafts is called for a draft model");
             };
@@ -458,23 +496,9 @@ impl<'v> GpuDecoder<'v> {
                     d.record_device_tokens(&mut enc, &[], from, 1, 1)?
                 }
             };
-            let request = Request {
-                num_drafts: 0,
-                params: draft_params,
-                position: (len + i) as u64,
-            };
-            let pending = verifier.record(
-                &mut enc,
-                &GpuVerifyBatch {
-                    vocab_size: vocab as u32,
-                    requests: &[request],
-                    draft_token_ids: &[],
-                    target_logits: logits.gpu_rows(),
-                    draft: Draft::OneHot,
-                    draft_vocab_size: None,
-                    synthetic_rates: None,
-                },
-            )?;
+            let request = draft_request(&draft_params, len + i);
+            let pending =
+                verifier.record(&mut enc, &draft_batch(vocab, &request, logits.gpu_rows()))?;
             // Request 0's first emitted token is word 0 of the output.
             enc.copy_buffer_to_buffer(pending.output_buffer(), 0, &ids, 4 * i as u64, 4);
             if let Some(q) = &q_rows {
@@ -512,16 +536,186 @@ impl<'v> GpuDecoder<'v> {
         };
         let verify = verifier.record_device_drafts(&mut enc, &batch, from)?;
         queue.submit([enc.finish()]);
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        let t2 = Instant::now();
+        let ahead = if more && cap > 0 {
+            let (out, q) = (verify.output_buffer(), q_rows.as_ref());
+            self.record_first_drafts(len, cap, out, &ids, q, &draft_params, &done)?
+        } else {
+            Vec::new()
+        };
+        let t3 = Instant::now();
         let out = verifier.read_blocking(verify);
         for p in drafted {
             verifier.release(p);
         }
         let out = out?;
-        let t2 = Instant::now();
-        self.metrics.propose_time += t1 - t0;
-        self.metrics.score_time += t2 - t1;
-        self.commit(seq, cap, out.accepted(0), out.emitted(0))
+        let accepted = out.accepted(0);
+        self.outcomes[accepted] += 1;
+        self.submit_ahead(ahead, accepted, len);
+        let t4 = Instant::now();
+        self.metrics.propose_time += (t1 - t0) + (t3 - t2);
+        self.metrics.score_time += (t2 - t1) + (t4 - t3);
+        self.commit(seq, cap, accepted, out.emitted(0))
     }
+
+    /// Submits the first draft recorded ahead for the outcome `accepted` of the step after `len`
+    /// committed tokens, if there is one, and frees the others.
+    fn submit_ahead(
+        &mut self,
+        ahead: Vec<(usize, wgpu::CommandBuffer, crate::PendingVerify, usize)>,
+        accepted: usize,
+        len: usize,
+    ) {
+        for (a, commands, pending, after) in ahead {
+            if a == accepted {
+                self.queue().submit([commands]);
+                if let GpuProposer::Model(d) = &mut self.proposer {
+                    d.set_len(after);
+                }
+                self.ahead = Some((pending, len + a + 1));
+            } else {
+                drop(commands);
+                self.verifier.release(pending);
+            }
+        }
+    }
+
+    /// The next step's first draft for the outcomes `a` = 0..=`cap` of the step in flight (`len`
+    /// tokens committed before it, its verifier output in `out`, its drafts in `ids`), the most
+    /// frequent outcomes first, until the GPU has finished the step (`done`): recording one
+    /// costs the host about what the draft forward costs the GPU, so recording all of them
+    /// would make the host the bottleneck. Returns each outcome, its command buffer (not
+    /// submitted), its verifier call and the draft model's length after it; the draft model's
+    /// length is left as it was.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn record_first_drafts(
+        &mut self,
+        len: usize,
+        cap: usize,
+        out: &wgpu::Buffer,
+        ids: &wgpu::Buffer,
+        q_rows: Option<&wgpu::Buffer>,
+        draft_params: &SamplingParams,
+        done: &AtomicBool,
+    ) -> Result<Vec<(usize, wgpu::CommandBuffer, crate::PendingVerify, usize)>, GpuModelError> {
+        let device = self.target.model().device().clone();
+        let vocab = self.target.model().config().vocab_size;
+        if self.pair_ids.is_none() {
+            let pair = crate::gpu::scoped(&device, || {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("specdec.decode first draft ids"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })?;
+            self.pair_ids = Some(pair);
+        }
+        let pair = self.pair_ids.clone().expect("made above");
+        let verifier = self.verifier;
+        let GpuProposer::Model(d) = &mut self.proposer else {
+            unreachable!("record_first_drafts is called for a draft model");
+        };
+        // The draft model holds the committed tokens and drafts 1..cap−1.
+        let drafted_len = d.len();
+        debug_assert_eq!(drafted_len, len + cap - 1);
+        // No buffer may change while alternatives are recorded: each binds the current ones.
+        d.reserve(2)?;
+        let mut order: Vec<usize> = (0..=cap).collect();
+        order.sort_by_key(|&a| std::cmp::Reverse((self.outcomes[a], a)));
+        let mut out_ahead = Vec::with_capacity(cap + 1);
+        for a in order {
+            let _ = device.poll(wgpu::PollType::Poll);
+            if done.load(Ordering::Acquire) {
+                break;
+            }
+            let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("specdec.decode first draft ahead"),
+            });
+            let logits = if a < cap {
+                // Drafts a+1.. were rejected: forget them, append the emitted token a.
+                d.set_len(len + a);
+                let from = crate::DeviceIds {
+                    buffer: out,
+                    offset: 4 * a as u64,
+                };
+                d.record_device_tokens(&mut enc, &[], from, 1, 1)?
+            } else {
+                // Every draft accepted: append the last draft and the bonus token.
+                d.set_len(drafted_len);
+                enc.copy_buffer_to_buffer(ids, 4 * (cap as u64 - 1), &pair, 0, 4);
+                enc.copy_buffer_to_buffer(out, 4 * cap as u64, &pair, 4, 4);
+                let from = crate::DeviceIds {
+                    buffer: &pair,
+                    offset: 0,
+                };
+                d.record_device_tokens(&mut enc, &[], from, 2, 1)?
+            };
+            // The committed length after outcome a, which the draft model now holds.
+            let after = len + a + 1;
+            let request = draft_request(draft_params, after);
+            let pending =
+                verifier.record(&mut enc, &draft_batch(vocab, &request, logits.gpu_rows()))?;
+            enc.copy_buffer_to_buffer(pending.output_buffer(), 0, ids, 0, 4);
+            if let Some(q) = q_rows {
+                let row_bytes = (vocab * 4) as u64;
+                enc.copy_buffer_to_buffer(logits.buffer, 0, q, 0, row_bytes);
+            }
+            out_ahead.push((a, enc.finish(), pending, after));
+        }
+        d.set_len(drafted_len);
+        Ok(out_ahead)
+    }
+}
+
+/// The parameters a draft model samples its drafts with: the request's, under a seed of its
+/// own; a synthetic target rule has no meaning there.
+fn draft_params(params: &SamplingParams) -> SamplingParams {
+    let mut p = *params;
+    p.seed = params.seed.map(draft_seed);
+    if p.rule == crate::Rule::Synthetic {
+        p.rule = crate::Rule::Exact;
+    }
+    p
+}
+
+/// The 0-draft verifier request that draws a draft model's token for `position`.
+fn draft_request(params: &SamplingParams, position: usize) -> [Request; 1] {
+    [Request {
+        num_drafts: 0,
+        params: *params,
+        position: position as u64,
+    }]
+}
+
+/// A 0-draft verifier call over a draft model's one row.
+fn draft_batch<'a>(
+    vocab: usize,
+    request: &'a [Request],
+    logits: GpuRows<'a>,
+) -> GpuVerifyBatch<'a> {
+    GpuVerifyBatch {
+        vocab_size: vocab as u32,
+        requests: request,
+        draft_token_ids: &[],
+        target_logits: logits,
+        draft: Draft::OneHot,
+        draft_vocab_size: None,
+        synthetic_rates: None,
+    }
+}
+
+/// Little-endian u32 words of a readback (its bytes need not be 4-aligned in memory).
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
 }
 
 /// A window of plain decoding in flight: its tokens' ids on the GPU and their readback.
@@ -564,7 +758,7 @@ impl<'v> GpuDecoder<'v> {
             for p in w.pendings {
                 self.verifier.release(p);
             }
-            let tokens: &[u32] = bytemuck::cast_slice(&bytes);
+            let tokens = words(&bytes);
             let mut stop = None;
             for &t in &tokens[..w.count] {
                 out.push(t);
@@ -586,6 +780,32 @@ impl<'v> GpuDecoder<'v> {
         self.target.truncate(seq.tokens.len() - 1)?;
         self.metrics.score_time += t0.elapsed();
         Ok((out, stop))
+    }
+
+    /// `n` plain tokens after `seq` in one window (one readback), appended to `seq`; the target
+    /// keeps everything committed but the last token, as after a step.
+    fn plain_burst(
+        &mut self,
+        seq: &mut Committed,
+        params: &SamplingParams,
+        n: usize,
+    ) -> Result<Vec<u32>, GpuModelError> {
+        let t0 = Instant::now();
+        let len = seq.tokens.len();
+        let w = self.record_window(seq.tokens[len - 1], None, len, n, params)?;
+        let bytes = finish_read(self.target.model(), w.read)?;
+        for p in w.pendings {
+            self.verifier.release(p);
+        }
+        let tokens = words(&bytes)[..n].to_vec();
+        for _ in 0..n {
+            self.metrics.target_calls += 1;
+            self.metrics.verify_calls += 1;
+            self.metrics.record_step(0, 0);
+        }
+        self.metrics.score_time += t0.elapsed();
+        seq.tokens.extend_from_slice(&tokens);
+        Ok(tokens)
     }
 
     /// Records and submits `n` plain steps for positions `position..position + n`: the first

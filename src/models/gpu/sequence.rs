@@ -474,6 +474,34 @@ impl GpuSequence {
         Ok(dispatches.iter().map(|d| d.label()).collect())
     }
 
+    /// Makes room for a call of up to `tokens` tokens (one scored row) after the current length,
+    /// submitting any growth at once, so that recording such calls changes no buffer. For
+    /// calls recorded ahead as alternatives ([`super::GpuDecoder`]), of which one is submitted.
+    pub(super) fn reserve(&mut self, tokens: usize) -> Result<(), GpuModelError> {
+        let device = self.model.device.clone();
+        crate::gpu::scoped(&device, || {
+            let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("specdec.model reserve"),
+            });
+            let mut dirty = self.ensure_cache(&mut encoder, self.len + tokens);
+            dirty |= self.ensure_logits(1);
+            let slots = (1..=tokens).map(|t| self.plan(t, 1).1.len()).max();
+            dirty |= self.ensure_uploads(slots.unwrap_or(0), tokens);
+            if dirty || self.groups.is_empty() {
+                self.groups = self.build_groups();
+            }
+            self.model.queue.submit([encoder.finish()]);
+        })?;
+        Ok(())
+    }
+
+    /// Sets the length to `len` without recording anything: after recording alternatives
+    /// ahead, back to where they started, or forward to what the submitted one appended.
+    pub(super) fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity);
+        self.len = len;
+    }
+
     /// Grows the KV cache (and the attention scratch) to hold `needed` positions, copying the
     /// cached prefix in `encoder`. True when buffers changed.
     fn ensure_cache(&mut self, encoder: &mut wgpu::CommandEncoder, needed: usize) -> bool {
