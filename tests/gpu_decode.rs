@@ -10,6 +10,8 @@
 //! - plain decoding, which records windows of tokens ahead (each forward fed the previous token
 //!   on the GPU), equals a forward-and-argmax loop one token at a time, stops at an
 //!   end-of-sequence token inside a window, and replays when seeded;
+//! - n-gram steps recorded ahead on a guess of the previous step's outcome keep the output
+//!   plain greedy's;
 //! - a seeded sampled run is reproducible; bad configurations are typed errors.
 //!
 //! Needs the weights (`examples/fetch-models.sh smollm2`) and a GPU adapter (lavapipe in CI:
@@ -187,6 +189,38 @@ fn plain_decoding_runs_ahead_and_equals_one_token_at_a_time() {
         .unwrap();
     assert_eq!(a, b, "a seeded plain run did not replay");
     assert_ne!(a.tokens, c.tokens, "two seeds gave the same {n} tokens");
+}
+
+/// On text that repeats itself, n-gram steps are recorded during the previous step on the guess
+/// that it accepts every draft, and submitted when its readback confirms that: the output is
+/// still plain greedy's.
+#[test]
+fn ngram_steps_guessed_ahead_equal_plain_greedy() {
+    let Some(model) = gpu_model() else { return };
+    // A function, then the request to write it again with one name changed: the model copies.
+    let text = "def mean(values):\n    total = 0\n    count = 0\n    for v in values:\n        \
+                total += v\n        count += 1\n    return total / count\n\n\n# The same \
+                function, with `total` renamed to `acc`:\ndef mean(values):\n    acc = 0\n";
+    let weights = Weights::load(models_dir().join(SMOLLM2_FILE)).expect("loaded above");
+    let prompt = weights.tokenizer().encode(text);
+    let n = 24;
+    let mut plain = decoder(&model, GpuProposer::None, 4).unwrap();
+    let want = plain
+        .generate(&prompt, SamplingParams::greedy(), n)
+        .unwrap();
+    let ngram = GpuProposer::Ngram(NgramProposer::new(1, 3).unwrap());
+    let mut spec = decoder(&model, ngram, 4).unwrap();
+    let got = spec.generate(&prompt, SamplingParams::greedy(), n).unwrap();
+    let m = spec.metrics();
+    eprintln!(
+        "{} target calls, {} of {} drafts accepted, {} steps guessed ahead",
+        m.target_calls,
+        m.accepted,
+        m.proposed,
+        spec.guessed_steps()
+    );
+    assert_eq!(got, want, "n-gram greedy != plain greedy");
+    assert!(spec.guessed_steps() > 0, "no step was guessed ahead");
 }
 
 #[test]

@@ -106,6 +106,10 @@ pub struct GpuDecoder<'v> {
     /// Steps with a draft model by drafts accepted: the order in which the next first draft is
     /// recorded ahead for each outcome.
     outcomes: [u64; super::MAX_ROWS],
+    /// With n-gram drafts: the current step's drafts and verification, submitted during the
+    /// previous step on a guess its readback confirmed.
+    guessed: Option<(Vec<u32>, crate::PendingVerify)>,
+    guessed_steps: u64,
     metrics: Metrics,
 }
 
@@ -175,6 +179,8 @@ impl<'v> GpuDecoder<'v> {
             pair_ids: None,
             ahead: None,
             outcomes: [0; super::MAX_ROWS],
+            guessed: None,
+            guessed_steps: 0,
             metrics: Metrics::default(),
         })
     }
@@ -186,6 +192,12 @@ impl<'v> GpuDecoder<'v> {
     /// once, at its end); `elapsed` also includes the prompt's prefill.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Steps with n-gram drafts that were recorded during the previous step on a guess of its
+    /// outcome and submitted as soon as its readback confirmed the guess.
+    pub fn guessed_steps(&self) -> u64 {
+        self.guessed_steps
     }
 
     /// Clears the counters.
@@ -225,10 +237,7 @@ impl<'v> GpuDecoder<'v> {
             let cap = (max_new_tokens - out.len())
                 .saturating_sub(1)
                 .min(self.config.num_drafts);
-            // Another step surely follows (barring an end-of-sequence token) when even a step
-            // that accepts every draft leaves tokens to generate.
-            let more = max_new_tokens - out.len() >= cap + 2;
-            let emitted = self.step(&mut seq, &params, cap, more)?;
+            let emitted = self.step(&mut seq, &params, cap, max_new_tokens - out.len())?;
             let mut stop = None;
             for &t in &emitted {
                 if out.len() >= max_new_tokens {
@@ -254,6 +263,9 @@ impl<'v> GpuDecoder<'v> {
     /// scored in the first step.
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), GpuModelError> {
         if let Some((p, _)) = self.ahead.take() {
+            self.verifier.release(p);
+        }
+        if let Some((_, p)) = self.guessed.take() {
             self.verifier.release(p);
         }
         self.target.truncate(0)?;
@@ -316,31 +328,77 @@ impl<'v> GpuDecoder<'v> {
         seq: &mut Committed,
         params: &SamplingParams,
         cap: usize,
-        more: bool,
+        remaining: usize,
     ) -> Result<Vec<u32>, GpuModelError> {
         if matches!(self.proposer, GpuProposer::Model(_)) {
-            return self.step_device_drafts(seq, params, cap, more);
+            // Another step surely follows (barring an end-of-sequence token) when even a step
+            // that accepts every draft leaves tokens to generate.
+            return self.step_device_drafts(seq, params, cap, remaining >= cap + 2);
         }
         let t0 = Instant::now();
-        let drafts = self.propose(seq, cap);
-        if drafts.is_empty() && cap > 0 {
-            // No draft (no n-gram match): `cap + 1` plain tokens recorded ahead, as plain
-            // decoding does, rather than one token with the host waiting for it.
-            return self.plain_burst(seq, params, cap + 1);
-        }
-        let t1 = Instant::now();
         let len = seq.tokens.len();
-        let pending = seq.tokens[len - 1];
+        // A step submitted during the last one, whose guess the readback confirmed.
+        let (drafts, verify) = match self.guessed.take() {
+            Some(step) => step,
+            None => {
+                let drafts = self.propose(seq, cap);
+                if drafts.is_empty() && cap > 0 {
+                    // No draft (no n-gram match): `cap + 1` plain tokens recorded ahead, as
+                    // plain decoding does, rather than one token with the host waiting for it.
+                    return self.plain_burst(seq, params, cap + 1);
+                }
+                let (commands, verify) =
+                    self.record_host_step(seq.tokens[len - 1], len, &drafts, params)?;
+                self.queue().submit([commands]);
+                (drafts, verify)
+            }
+        };
+        let t1 = Instant::now();
+        let guess = self.guess_next(seq, &drafts, params, remaining)?;
+        let out = self.verifier.read_blocking(verify)?;
+        let (accepted, emitted) = (out.accepted(0), out.emitted(0));
+        let mut target_len = None;
+        if let Some(g) = guess {
+            if accepted == drafts.len() && emitted.last() == Some(&(g.bonus as i32)) {
+                self.queue().submit([g.commands]);
+                self.guessed = Some((g.drafts, g.verify));
+                self.guessed_steps += 1;
+                target_len = Some(g.target_len);
+            } else {
+                drop(g.commands);
+                self.verifier.release(g.verify);
+            }
+        }
+        let t2 = Instant::now();
+        self.metrics.propose_time += t1 - t0;
+        self.metrics.score_time += t2 - t1;
+        let emitted = self.commit(seq, drafts.len(), accepted, emitted)?;
+        if let Some(l) = target_len {
+            // The guessed step's forward, submitted above, appends after what was kept.
+            self.target.set_len(l);
+        }
+        Ok(emitted)
+    }
+
+    /// Records (without submitting) the target forward of `[pending, drafts]` at positions
+    /// `len − 1..` and the verification of its rows.
+    fn record_host_step(
+        &mut self,
+        pending: u32,
+        len: usize,
+        drafts: &[u32],
+        params: &SamplingParams,
+    ) -> Result<(wgpu::CommandBuffer, crate::PendingVerify), GpuModelError> {
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.push(pending);
-        input.extend_from_slice(&drafts);
+        input.extend_from_slice(drafts);
         let draft_ids: Vec<i32> = drafts.iter().map(|&d| d as i32).collect();
         let vocab = self.target.model().config().vocab_size;
         let request = target_request(params, len, drafts.len());
         let rates = step_rates(&self.config, drafts.len());
         let mut enc = self.encoder("specdec.decode step");
         let logits = self.target.record(&mut enc, &input, input.len())?;
-        let pending_verify = self.verifier.record(
+        let verify = self.verifier.record(
             &mut enc,
             &GpuVerifyBatch {
                 vocab_size: vocab as u32,
@@ -352,12 +410,48 @@ impl<'v> GpuDecoder<'v> {
                 synthetic_rates: rates,
             },
         )?;
-        self.queue().submit([enc.finish()]);
-        let out = self.verifier.read_blocking(pending_verify)?;
-        let t2 = Instant::now();
-        self.metrics.propose_time += t1 - t0;
-        self.metrics.score_time += t2 - t1;
-        self.commit(seq, drafts.len(), out.accepted(0), out.emitted(0))
+        Ok((enc.finish(), verify))
+    }
+
+    /// With n-gram drafts, while a step of `drafts` runs: the next step recorded on the guess
+    /// that this one accepts every draft and emits, as its bonus token, the token the n-gram
+    /// predicts after them (on copied text both usually hold). `None` where no guess can be
+    /// made or fewer than 2 tokens would remain after the step.
+    fn guess_next(
+        &mut self,
+        seq: &Committed,
+        drafts: &[u32],
+        params: &SamplingParams,
+        remaining: usize,
+    ) -> Result<Option<Guess>, GpuModelError> {
+        let GpuProposer::Ngram(n) = &self.proposer else {
+            return Ok(None);
+        };
+        let emitted = drafts.len() + 1;
+        if drafts.is_empty() || remaining < emitted + 2 {
+            return Ok(None);
+        }
+        let cap = (remaining - emitted - 1).min(self.config.num_drafts);
+        let mut text = seq.tokens.clone();
+        text.extend_from_slice(drafts);
+        let look = n.lookup(&text, cap + 1).to_vec();
+        let [bonus, next @ ..] = &look[..] else {
+            return Ok(None);
+        };
+        if next.is_empty() {
+            return Ok(None);
+        }
+        // No buffer may change while an alternative is recorded: it binds the current ones.
+        self.target.reserve(next.len() + 1, next.len() + 1)?;
+        let len = seq.tokens.len() + emitted;
+        let (commands, verify) = self.record_host_step(*bonus, len, next, params)?;
+        Ok(Some(Guess {
+            bonus: *bonus,
+            drafts: next.to_vec(),
+            commands,
+            verify,
+            target_len: self.target.len(),
+        }))
     }
 
     /// Counts a verified step of `drafts` drafts, appends its emitted tokens to `seq` and keeps
@@ -625,7 +719,7 @@ impl<'v> GpuDecoder<'v> {
         let drafted_len = d.len();
         debug_assert_eq!(drafted_len, len + cap - 1);
         // No buffer may change while alternatives are recorded: each binds the current ones.
-        d.reserve(2)?;
+        d.reserve(2, 1)?;
         let mut order: Vec<usize> = (0..=cap).collect();
         order.sort_by_key(|&a| std::cmp::Reverse((self.outcomes[a], a)));
         let mut out_ahead = Vec::with_capacity(cap + 1);
@@ -708,6 +802,18 @@ fn draft_batch<'a>(
         draft_vocab_size: None,
         synthetic_rates: None,
     }
+}
+
+/// A step recorded while the previous one ran (`GpuDecoder::guess_next`), submitted only if the
+/// previous step's outcome matches the guess.
+struct Guess {
+    /// The bonus token the previous step is guessed to emit (this step's pending token).
+    bonus: u32,
+    drafts: Vec<u32>,
+    commands: wgpu::CommandBuffer,
+    verify: crate::PendingVerify,
+    /// The target's length once this step's forward is in.
+    target_len: usize,
 }
 
 /// Little-endian u32 words of a readback (its bytes need not be 4-aligned in memory).
