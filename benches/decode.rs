@@ -478,8 +478,23 @@ fn rayon_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// A GPU verifier on a device with timestamp queries where the adapter has them, so that
+/// `verify_share` is the verifier's GPU time rather than the wall time of a submission.
+fn timed_verifier() -> Result<Verifier, Box<dyn std::error::Error>> {
+    let adapter = specdec::select_adapter()?;
+    let limits = specdec::required_limits(&adapter.limits())?;
+    let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("decode bench"),
+        required_features: features,
+        required_limits: limits,
+        ..Default::default()
+    }))?;
+    Ok(Verifier::with_device(device, queue, Default::default())?)
+}
+
 fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let verifier = Verifier::new(Default::default())?;
+    let verifier = timed_verifier()?;
     let info = verifier.adapter_info().cloned().ok_or("no GPU adapter")?;
     eprintln!(
         "adapter: {} ({:?}); loading {}",
