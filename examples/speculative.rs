@@ -134,10 +134,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", tok.decode(&spec.0));
     println!("----");
     println!("{}", spec.2);
+    let ratio = spec_tok_s / plain_tok_s;
     println!(
-        "plain: {plain_tok_s:.2} tokens/s; speculative: {spec_tok_s:.2} tokens/s; speed-up {:.2}×",
-        spec_tok_s / plain_tok_s
+        "plain: {plain_tok_s:.2} tokens/s; speculative: {spec_tok_s:.2} tokens/s; speed-up {ratio:.2}×"
     );
+    // A step emits `per_step` tokens and costs `per_step / ratio` plain tokens' time.
+    let per_step = spec.3;
+    let step_cost = per_step / ratio;
+    if ratio < 1.0 {
+        println!(
+            "speculation does not pay on this machine: a step emitted {per_step:.2} tokens on \
+             average but took as long as {step_cost:.2} plain tokens (its draft forwards, the \
+             target's k + 1-row call and the verification); a cheaper draft (--self N: the \
+             target's first N layers) or drafts accepted more often would pay more"
+        );
+    } else {
+        println!(
+            "speculation pays here: a step emitted {per_step:.2} tokens in the time of \
+             {step_cost:.2} plain tokens"
+        );
+    }
     if temperature == 0.0 {
         if spec.0 != plain.0 {
             return Err("greedy speculative output differs from plain greedy decoding".into());
@@ -156,8 +172,8 @@ struct Run {
     params: SamplingParams,
 }
 
-/// Tokens, tokens per second, and the metrics table.
-type Outcome = (Vec<u32>, f64, String);
+/// Tokens, tokens per second, the metrics table, and tokens per target call.
+type Outcome = (Vec<u32>, f64, String, f64);
 
 /// Both models and the loop on the GPU; plain decoding is the same loop without drafts, and each
 /// is run once untimed first (pipelines, buffers, clocks).
@@ -199,6 +215,7 @@ fn run_gpu(
             out.tokens.clone(),
             out.tokens.len() as f64 / decode,
             m.to_string(),
+            m.appended as f64 / m.target_calls.max(1) as f64,
         ))
     };
     Ok((outcome(&mut plain)?, outcome(&mut spec)?))
@@ -245,12 +262,14 @@ fn run_cpu(
     let out = decoder.generate(&mut target, &mut proposer, &[request])?;
     let spec_s = t0.elapsed().as_secs_f64();
     let n = (plain.tokens.len(), out[0].tokens.len());
+    let m = decoder.metrics();
     Ok((
-        (plain.tokens, n.0 as f64 / plain_s, String::new()),
+        (plain.tokens, n.0 as f64 / plain_s, String::new(), 1.0),
         (
             out[0].tokens.clone(),
             n.1 as f64 / spec_s,
-            decoder.metrics().to_string(),
+            m.to_string(),
+            m.appended as f64 / m.target_calls.max(1) as f64,
         ),
     ))
 }
