@@ -95,6 +95,10 @@ pub struct BenchConfig {
     /// Every non-greedy request uses [`Rule::Block`] (with draft probabilities or logits this
     /// runs the block_mass pass and verify's block_settle entry).
     pub block: bool,
+    /// Seconds the run may spend warming the GPU before timing: it measures the read ceiling
+    /// until three measurements in a row agree within 3 % (a GPU fresh from idle reads at about
+    /// half speed until its clocks rise). 0: one measurement, no wait.
+    pub warm_s: f64,
 }
 
 impl BenchConfig {
@@ -115,6 +119,7 @@ impl BenchConfig {
             top_p: 1.0,
             bf16: false,
             block: false,
+            warm_s: 60.0,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -134,6 +139,7 @@ impl BenchConfig {
             top_p: 1.0,
             bf16: false,
             block: false,
+            warm_s: 0.0,
         }
     }
 }
@@ -182,8 +188,13 @@ pub struct BenchReport {
     pub date: String,
     /// Device-to-device copy bandwidth, GB/s, counting bytes read + written.
     pub copy_gbps: f64,
-    /// Read bandwidth of a plain 16-byte-load reduction kernel, GB/s (the realistic ceiling).
+    /// Read bandwidth of a plain 16-byte-load reduction kernel, GB/s (the realistic ceiling),
+    /// once the warm-up found it stable; every point's fraction of it is against this value.
     pub read_gbps: f64,
+    /// The read ceiling measured again after the last point (drift during the run).
+    pub read_gbps_end: f64,
+    /// Every read-ceiling measurement of the warm-up, in order.
+    pub warm_reads: Vec<f64>,
     /// Whether GPU times come from timestamp queries.
     pub timestamps: bool,
     /// Whether the kernels used 64-bit multiplies (SHADER_INT64) or the portable path.
@@ -725,7 +736,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     let (info, device, queue, timestamps) = bench_device(cfg)?;
     let b = GpuBench::new(cfg, device, queue, timestamps, &mut progress)?;
     // Ceilings: device-to-device copy (read + write bytes) and a plain read kernel.
-    let (copy_gbps, read_gbps) = ceilings(&b.verifier, &b.t_buf, timestamps, b.period_ns)?;
+    let (copy_gbps, read_gbps, warm_reads) = warm_ceilings(cfg, &b, timestamps, &mut progress)?;
     progress(&format!(
         "{}: copy {copy_gbps:.0} GB/s (read+write), read kernel {read_gbps:.0} GB/s",
         info.name
@@ -750,6 +761,11 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     if cfg.baseline_reps > 0 {
         b.baselines(cfg, &mut rows, &mut probs, &mut progress)?;
     }
+    let (_, read_gbps_end) = ceilings(&b.verifier, &b.t_buf, timestamps, b.period_ns)?;
+    progress(&format!(
+        "read kernel after the last point: {read_gbps_end:.0} GB/s ({:+.1} % against the start)",
+        100.0 * (read_gbps_end / read_gbps - 1.0)
+    ));
     Ok(BenchReport {
         adapter: info.name.clone(),
         int64: b.verifier.gpu_backend().is_some_and(|g| g.variant.int64),
@@ -757,6 +773,8 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         date: today(),
         copy_gbps,
         read_gbps,
+        read_gbps_end,
+        warm_reads,
         timestamps,
         rows,
     })
@@ -840,6 +858,45 @@ fn map_u64(
 
 /// Copy bandwidth (read + write bytes over wall time of 8 back-to-back copies in one submission)
 /// and the best read-kernel bandwidth over a few grid sizes (timestamps when available).
+/// The ceilings once the GPU is warm: the read ceiling measured until three measurements in a
+/// row agree within 3 %, for at most `cfg.warm_s` seconds (printed as it goes; a run that never
+/// settles says so and times anyway). Returns the last copy and read ceilings and every read
+/// measurement.
+fn warm_ceilings(
+    cfg: &BenchConfig,
+    b: &GpuBench,
+    timestamps: bool,
+    progress: &mut impl FnMut(&str),
+) -> Result<(f64, f64, Vec<f64>), Error> {
+    let start = Instant::now();
+    let mut reads = Vec::new();
+    loop {
+        let (copy, read) = ceilings(&b.verifier, &b.t_buf, timestamps, b.period_ns)?;
+        reads.push(read);
+        let n = reads.len();
+        let last = &reads[n.saturating_sub(3)..];
+        let (lo, hi) = last
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let stable = n >= 3 && hi <= 1.03 * lo;
+        if cfg.warm_s <= 0.0 {
+            return Ok((copy, read, reads));
+        }
+        progress(&format!("warm-up {n}: read kernel {read:.0} GB/s"));
+        if stable {
+            return Ok((copy, read, reads));
+        }
+        if start.elapsed().as_secs_f64() > cfg.warm_s {
+            progress(&format!(
+                "warm-up: the read ceiling did not settle within {} s (last three {lo:.0}..{hi:.0} \
+                 GB/s); timing anyway",
+                cfg.warm_s
+            ));
+            return Ok((copy, read, reads));
+        }
+    }
+}
+
 fn ceilings(
     verifier: &Verifier,
     src: &wgpu::Buffer,
@@ -1078,6 +1135,9 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         date: today(),
         copy_gbps,
         read_gbps,
+        // The host's ceilings are measured once: no clocks to wait for.
+        read_gbps_end: read_gbps,
+        warm_reads: vec![read_gbps],
         timestamps: false,
         int64: false,
         rows,
@@ -1141,15 +1201,23 @@ impl BenchReport {
     /// A readable table.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(
+        let _ =
+            writeln!(
             s,
-            "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s; GPU time from {}",
+            "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
+             ({:.0} after the last point; warm-up reads {}); GPU time from {}",
             self.adapter,
             self.backend,
             if self.int64 { ", int64 Philox" } else { "" },
             self.date,
             self.copy_gbps,
             self.read_gbps,
+            self.read_gbps_end,
+            self.warm_reads
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(" "),
             if self.timestamps { "timestamp queries" } else { "wall clock" }
         );
         let _ = writeln!(
@@ -1441,6 +1509,8 @@ Options:
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16              target logits as bfloat16 (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
+  --warm-s S          spin at most S seconds until the read ceiling is stable (three
+                      measurements within 3 %) before timing (default 60; --quick: 0)
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
@@ -1494,6 +1564,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--block" => cfg.block = true,
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
+            "--warm-s" => cfg.warm_s = parse_one("--warm-s", &value()?)?,
             "--batch" => cfg.batches = parse_list("--batch", &value()?)?,
             "--k" => cfg.ks = parse_list("--k", &value()?)?,
             "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
@@ -1543,6 +1614,9 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
     }
     if cfg.reps == 0 {
         return Err("--reps 0: at least 1 timed call per point".into());
+    }
+    if !(cfg.warm_s >= 0.0 && cfg.warm_s.is_finite()) {
+        return Err(format!("--warm-s {}: seconds, 0 or more", cfg.warm_s));
     }
     if !(cfg.top_p > 0.0 && cfg.top_p <= 1.0) {
         return Err(format!(
