@@ -175,7 +175,8 @@ struct Run {
 /// Tokens, tokens per second, the metrics table, and tokens per target call.
 type Outcome = (Vec<u32>, f64, String, f64);
 
-/// Both models and the loop on the GPU; plain decoding is the same loop without drafts, and each
+/// Both models and the loop on the GPU; plain decoding is the decoder without drafts (the same
+/// kernels, each token fed to the next forward on the GPU), and each
 /// is run once untimed first (pipelines, buffers, clocks).
 fn run_gpu(
     verifier: &Verifier,
