@@ -441,8 +441,8 @@ impl<'v> GpuDecoder<'v> {
         if next.is_empty() {
             return Ok(None);
         }
-        // No buffer may change while an alternative is recorded: it binds the current ones.
-        self.target.reserve(next.len() + 1, next.len() + 1)?;
+        // The KV cache may not be replaced while an alternative is recorded.
+        self.target.reserve(next.len() + 1)?;
         let len = seq.tokens.len() + emitted;
         let (commands, verify) = self.record_host_step(*bonus, len, next, params)?;
         Ok(Some(Guess {
@@ -591,8 +591,10 @@ impl<'v> GpuDecoder<'v> {
                 }
             };
             let request = draft_request(&draft_params, len + i);
-            let pending =
-                verifier.record(&mut enc, &draft_batch(vocab, &request, logits.gpu_rows()))?;
+            let pending = verifier.record(
+                &mut enc,
+                &one_row_batch(vocab, &request, logits.gpu_rows(), None),
+            )?;
             // Request 0's first emitted token is word 0 of the output.
             enc.copy_buffer_to_buffer(pending.output_buffer(), 0, &ids, 4 * i as u64, 4);
             if let Some(q) = &q_rows {
@@ -718,8 +720,8 @@ impl<'v> GpuDecoder<'v> {
         // The draft model holds the committed tokens and drafts 1..cap−1.
         let drafted_len = d.len();
         debug_assert_eq!(drafted_len, len + cap - 1);
-        // No buffer may change while alternatives are recorded: each binds the current ones.
-        d.reserve(2, 1)?;
+        // The KV cache may not be replaced while alternatives are recorded.
+        d.reserve(2)?;
         let mut order: Vec<usize> = (0..=cap).collect();
         order.sort_by_key(|&a| std::cmp::Reverse((self.outcomes[a], a)));
         let mut out_ahead = Vec::with_capacity(cap + 1);
@@ -753,8 +755,10 @@ impl<'v> GpuDecoder<'v> {
             // The committed length after outcome a, which the draft model now holds.
             let after = len + a + 1;
             let request = draft_request(draft_params, after);
-            let pending =
-                verifier.record(&mut enc, &draft_batch(vocab, &request, logits.gpu_rows()))?;
+            let pending = verifier.record(
+                &mut enc,
+                &one_row_batch(vocab, &request, logits.gpu_rows(), None),
+            )?;
             enc.copy_buffer_to_buffer(pending.output_buffer(), 0, ids, 0, 4);
             if let Some(q) = q_rows {
                 let row_bytes = (vocab * 4) as u64;
@@ -787,11 +791,13 @@ fn draft_request(params: &SamplingParams, position: usize) -> [Request; 1] {
     }]
 }
 
-/// A 0-draft verifier call over a draft model's one row.
-fn draft_batch<'a>(
+/// A 0-draft verifier call over one logits row: a draft model's token, or one plain decoding
+/// step (`rates` for its synthetic rule).
+fn one_row_batch<'a>(
     vocab: usize,
     request: &'a [Request],
     logits: GpuRows<'a>,
+    rates: Option<&'a [f32]>,
 ) -> GpuVerifyBatch<'a> {
     GpuVerifyBatch {
         vocab_size: vocab as u32,
@@ -800,7 +806,7 @@ fn draft_batch<'a>(
         target_logits: logits,
         draft: Draft::OneHot,
         draft_vocab_size: None,
-        synthetic_rates: None,
+        synthetic_rates: rates,
     }
 }
 
@@ -860,13 +866,9 @@ impl<'v> GpuDecoder<'v> {
             let Some(w) = inflight.pop_front() else {
                 break StopReason::MaxLen;
             };
-            let bytes = finish_read(self.target.model(), w.read)?;
-            for p in w.pendings {
-                self.verifier.release(p);
-            }
-            let tokens = words(&bytes);
+            let tokens = self.read_window(w)?;
             let mut stop = None;
-            for &t in &tokens[..w.count] {
+            for &t in &tokens {
                 out.push(t);
                 seq.tokens.push(t);
                 self.metrics.appended += 1;
@@ -899,11 +901,7 @@ impl<'v> GpuDecoder<'v> {
         let t0 = Instant::now();
         let len = seq.tokens.len();
         let w = self.record_window(seq.tokens[len - 1], None, len, n, params)?;
-        let bytes = finish_read(self.target.model(), w.read)?;
-        for p in w.pendings {
-            self.verifier.release(p);
-        }
-        let tokens = words(&bytes)[..n].to_vec();
+        let tokens = self.read_window(w)?;
         for _ in 0..n {
             self.metrics.target_calls += 1;
             self.metrics.verify_calls += 1;
@@ -911,6 +909,17 @@ impl<'v> GpuDecoder<'v> {
         }
         self.metrics.score_time += t0.elapsed();
         seq.tokens.extend_from_slice(&tokens);
+        Ok(tokens)
+    }
+
+    /// Waits for window `w` and returns its tokens, its verifier calls ended.
+    fn read_window(&self, w: Window) -> Result<Vec<u32>, GpuModelError> {
+        let bytes = finish_read(self.target.model(), w.read)?;
+        for p in w.pendings {
+            self.verifier.release(p);
+        }
+        let mut tokens = words(&bytes);
+        tokens.truncate(w.count);
         Ok(tokens)
     }
 
@@ -957,18 +966,10 @@ impl<'v> GpuDecoder<'v> {
                     self.target.record_device_tokens(&mut enc, &[], ids, 1, 1)?
                 }
             };
-            let pending = verifier.record(
-                &mut enc,
-                &GpuVerifyBatch {
-                    vocab_size: vocab as u32,
-                    requests: &[target_request(params, position + i, 0)],
-                    draft_token_ids: &[],
-                    target_logits: logits.gpu_rows(),
-                    draft: Draft::OneHot,
-                    draft_vocab_size: None,
-                    synthetic_rates: step_rates(&self.config, 0),
-                },
-            )?;
+            let request = [target_request(params, position + i, 0)];
+            let rates = step_rates(&self.config, 0);
+            let batch = one_row_batch(vocab, &request, logits.gpu_rows(), rates);
+            let pending = verifier.record(&mut enc, &batch)?;
             // Request 0's first emitted token is word 0 of the output.
             enc.copy_buffer_to_buffer(pending.output_buffer(), 0, &ids, 4 * i as u64, 4);
             self.queue().submit([enc.finish()]);

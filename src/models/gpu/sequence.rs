@@ -474,23 +474,19 @@ impl GpuSequence {
         Ok(dispatches.iter().map(|d| d.label()).collect())
     }
 
-    /// Makes room for a call of up to `tokens` tokens scoring up to `rows` rows after the
-    /// current length, submitting any growth at once, so that recording such calls changes no
-    /// buffer. For calls recorded ahead as alternatives ([`super::GpuDecoder`]), of which at
-    /// most one is submitted.
-    pub(super) fn reserve(&mut self, tokens: usize, rows: usize) -> Result<(), GpuModelError> {
+    /// Grows the KV cache for up to `tokens` more positions now, in a submission of its own. For
+    /// calls recorded ahead as alternatives ([`super::GpuDecoder`]), of which at most one is
+    /// submitted: all of them must write the cache the next calls read, and a growth recorded
+    /// inside one would copy the prefix only if that one ran. Other buffers a recording
+    /// replaces (parameters, tokens, logits) need no reserving: the commands that bind an old
+    /// one keep it alive and read and write it consistently.
+    pub(super) fn reserve(&mut self, tokens: usize) -> Result<(), GpuModelError> {
         let device = self.model.device.clone();
         crate::gpu::scoped(&device, || {
             let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("specdec.model reserve"),
             });
-            let mut dirty = self.ensure_cache(&mut encoder, self.len + tokens);
-            dirty |= self.ensure_logits(rows);
-            let slots = (1..=tokens)
-                .map(|t| self.plan(t, rows.min(t)).1.len())
-                .max();
-            dirty |= self.ensure_uploads(slots.unwrap_or(0), tokens);
-            if dirty || self.groups.is_empty() {
+            if self.ensure_cache(&mut encoder, self.len + tokens) {
                 self.groups = self.build_groups();
             }
             self.model.queue.submit([encoder.finish()]);
