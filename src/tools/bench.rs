@@ -96,8 +96,9 @@ pub struct BenchConfig {
     /// runs the block_mass pass and verify's block_settle entry).
     pub block: bool,
     /// Seconds the run may spend warming the GPU before timing: it measures the read ceiling
-    /// until three measurements in a row agree within 3 % (a GPU fresh from idle reads at about
-    /// half speed until its clocks rise). 0: one measurement, no wait.
+    /// for at least 10 s (or this long, if shorter) and until three measurements in a row agree
+    /// within 3 % (a freshly started GPU can read at about half speed for several seconds).
+    /// 0: one measurement, no wait.
     pub warm_s: f64,
 }
 
@@ -880,15 +881,12 @@ fn warm_ceilings(
     loop {
         let (copy, read) = ceilings(&b.verifier, &b.t_buf, timestamps, b.period_ns)?;
         reads.push(read);
-        let n = reads.len();
-        let last = &reads[n.saturating_sub(3)..];
-        let (lo, hi) = last
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        let stable = n >= 3 && hi <= 1.03 * lo;
         if cfg.warm_s <= 0.0 {
             return Ok((copy, read, reads));
         }
+        let n = reads.len();
+        let (lo, hi) = range(&reads[n.saturating_sub(3)..]);
+        let stable = n >= 3 && hi <= 1.03 * lo;
         // One line per second is enough to see the GPU come up to speed.
         let t = start.elapsed().as_secs_f64();
         if t.floor() > last_line {
@@ -903,7 +901,7 @@ fn warm_ceilings(
             ));
             return Ok((copy, read, reads));
         }
-        if start.elapsed().as_secs_f64() > cfg.warm_s {
+        if t > cfg.warm_s {
             progress(&format!(
                 "warm-up: the read ceiling did not settle within {} s (last three {lo:.0}..{hi:.0} \
                  GB/s); timing anyway",
@@ -1214,11 +1212,16 @@ fn row_line(r: &BenchRow, read_gbps: f64) -> String {
     )
 }
 
+/// The smallest and largest of `values`.
+fn range(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)))
+}
+
 /// The warm-up's read measurements in a few words: how many, the first, the range.
 fn warm_summary(reads: &[f64]) -> String {
-    let (lo, hi) = reads
-        .iter()
-        .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    let (lo, hi) = range(reads);
     match reads.first() {
         None => "none".into(),
         Some(first) => format!(
@@ -1536,8 +1539,8 @@ Options:
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16              target logits as bfloat16 (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
-  --warm-s S          spin at most S seconds (at least 10) until the read ceiling is stable
-                      (three measurements within 3 %) before timing (default 60; --quick: 0)
+  --warm-s S          before timing, read for at least 10 s (S if less) and until the read
+                      ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
