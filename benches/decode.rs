@@ -19,8 +19,9 @@
 //! `Rule::Synthetic` with the matching conditional rates, and every other cost (forwards,
 //! statistics, readbacks) is the real one.
 //!
-//! `--cpu` runs the same comparison on the candle CPU path (`specdec::models::Model` and
-//! `speculative::SpecDecoder` with a CPU verifier; real weights only), rows with `backend = cpu`.
+//! `--cpu` runs the same comparison on the CPU path (`specdec::models::Model` and
+//! `speculative::SpecDecoder` with a CPU verifier; real weights only), rows with `backend = cpu`;
+//! `--kernel` picks its matmul (`q8rows`, the default, or `candle`: `MatmulKernel`).
 //!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
@@ -67,6 +68,8 @@ struct Args {
     synthetic: Option<Vec<f32>>,
     csv: Option<String>,
     cpu: bool,
+    /// The CPU matmul kernel of `--cpu` runs.
+    kernel: specdec::models::MatmulKernel,
 }
 
 fn number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T, String> {
@@ -86,6 +89,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         synthetic: None,
         csv: None,
         cpu: false,
+        kernel: specdec::models::MatmulKernel::Q8Rows,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -99,6 +103,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--temperature" => a.temperature = number("--temperature", &value("--temperature")?)?,
             "--csv" => a.csv = Some(value("--csv")?),
             "--cpu" => a.cpu = true,
+            "--kernel" => {
+                a.kernel = match value("--kernel")?.as_str() {
+                    "q8rows" => specdec::models::MatmulKernel::Q8Rows,
+                    "candle" => specdec::models::MatmulKernel::Candle,
+                    other => return Err(format!("--kernel: q8rows or candle, not {other:?}")),
+                }
+            }
             "--synthetic" => {
                 let v = value("--synthetic")?;
                 let rates = v.split(',').map(|s| number("--synthetic", s));
@@ -112,7 +123,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
         return Err(
             "usage: decode TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] \
                     [--tokens 64] [--rounds 3] [--prompt code-edit|python|prose] \
-                    [--temperature T] [--synthetic A1,A2,..] [--csv PATH] [--cpu]"
+                    [--temperature T] [--synthetic A1,A2,..] [--csv PATH] \
+                    [--cpu [--kernel q8rows|candle]]"
                 .into(),
         );
     }
@@ -380,7 +392,7 @@ fn model_path(name: &str) -> std::path::PathBuf {
     }
 }
 
-/// The candle CPU path: plain decoding and speculative decoding through `SpecDecoder` with a
+/// The CPU path: plain decoding and speculative decoding through `SpecDecoder` with a
 /// CPU verifier, alternated per round. Both run the same loop (plain is `k = 0`) with the
 /// target's prompt prefilled before the clock starts; the draft model's own prefill of the
 /// prompt falls in the first speculative step (it counts against speculation).
@@ -389,7 +401,11 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     use specdec::speculative::{
         DecoderConfig, DraftModelProposer, GenRequest, Proposer, Sequences, SpecDecoder,
     };
-    let weights = Weights::load(model_path(&a.target))?;
+    let options = specdec::models::LoadOptions {
+        kernel: a.kernel,
+        ..Default::default()
+    };
+    let weights = Weights::load_with(model_path(&a.target), &options)?;
     let prompt = weights.tokenizer().encode(prompt_text(&a.prompt)?);
     let params = if a.temperature > 0.0 {
         SamplingParams::seeded(a.temperature, 1)
@@ -406,7 +422,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let n = number("--draft layers:N", &d["layers:".len()..])?;
                 Some(Model::layer_skip(weights.clone(), n)?)
             }
-            model => Some(Model::new(Weights::load(model_path(model))?)),
+            model => Some(Model::new(Weights::load_with(model_path(model), &options)?)),
         })
     };
     let template = draft_model(&a.draft)?;
@@ -449,7 +465,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         draft: a.draft.clone(),
         proposer: proposer_kind(&a.draft).into(),
         backend: "cpu".into(),
-        adapter: format!("candle, {threads} threads"),
+        adapter: cpu_adapter(a.kernel, threads),
         k: a.k,
         plain_tok_s: median(plain),
         spec_tok_s: median(spec),
@@ -471,6 +487,22 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Threads candle's CPU kernels use (`RAYON_NUM_THREADS`, else the machine's cores).
+/// The `adapter` column of a `--cpu` row: the kernel, its instruction set, the threads.
+fn cpu_adapter(kernel: specdec::models::MatmulKernel, threads: usize) -> String {
+    let threads = if threads == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{threads} threads")
+    };
+    match kernel {
+        specdec::models::MatmulKernel::Q8Rows if specdec::models::CpuKernel::simd_available() => {
+            format!("q8rows AVX-512 VNNI, {threads}")
+        }
+        specdec::models::MatmulKernel::Q8Rows => format!("q8rows portable, {threads}"),
+        specdec::models::MatmulKernel::Candle => format!("candle, {threads}"),
+    }
+}
+
 fn rayon_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")
         .ok()

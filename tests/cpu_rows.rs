@@ -1,4 +1,5 @@
-//! Row independence of candle's CPU quantized matmul, which `LoadOptions::split_invariant` relies
+//! Row independence of candle's CPU quantized matmul (`MatmulKernel::Candle`; the default kernel's
+//! own tests are in tests/cpu_matmul.rs), which `LoadOptions::split_invariant` relies
 //! on to run a verifier's `k + 1` rows in one matmul call instead of `k + 1` calls: for every
 //! weight format the model batches, row `i` of an `m`-row call must be bit-identical to the
 //! 1-row call of row `i`, and close to the product with the dequantized weights. Then the same
@@ -13,7 +14,9 @@ use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use specdec::models::{models_dir, LoadOptions, Model, Weights, QWEN_0_5B_FILE, SMOLLM2_FILE};
+use specdec::models::{
+    models_dir, LoadOptions, MatmulKernel, Model, Weights, QWEN_0_5B_FILE, SMOLLM2_FILE,
+};
 
 /// Rows of a verifier call: up to 8 drafts and the bonus position.
 const MAX_ROWS: usize = 9;
@@ -228,6 +231,7 @@ fn load(file: &str, options: &LoadOptions) -> Arc<Weights> {
 fn pair(file: &str, requantize_to_q8_0: bool) -> (Arc<Weights>, Arc<Weights>) {
     let batched = LoadOptions {
         requantize_to_q8_0,
+        kernel: MatmulKernel::Candle,
         ..LoadOptions::default()
     };
     let row_by_row = LoadOptions {
@@ -306,6 +310,7 @@ fn print_call_cost_by_rows(file: &str, q8: bool) {
         &LoadOptions {
             requantize_to_q8_0: q8,
             split_invariant: false,
+            kernel: MatmulKernel::Candle,
             ..LoadOptions::default()
         },
     );

@@ -30,6 +30,7 @@
 //! `${SPECDEC_MODELS:-$HOME/.cache/specdec/models}`; [`models_dir`] and [`SMOLLM2_FILE`] etc.
 //! name them.
 
+mod cpu_matmul;
 mod error;
 mod generate;
 mod gpu;
@@ -40,6 +41,7 @@ mod weights;
 
 use std::path::PathBuf;
 
+pub use cpu_matmul::{CpuKernel, CpuQ8Matrix, ROW_TILE, TILE_LANES};
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
@@ -50,7 +52,7 @@ pub use gpu::{
 pub use model::Model;
 pub use speculative::GreedyDraft;
 pub use tokenizer::{PreTokenizer, Tokenizer};
-pub use weights::{Architecture, Config, LoadOptions, RopeStyle, Weights};
+pub use weights::{Architecture, Config, LoadOptions, MatmulKernel, RopeStyle, Weights};
 
 /// File name of SmolLM2-135M-Instruct (Q4_1) in the models directory.
 pub const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor, D};
 
 use super::error::{CandleContext, ModelError};
-use super::weights::{Linear, RopeStyle, Weights};
+use super::weights::{Linear, Matrix, RopeStyle, Weights};
 
 /// One layer's cached keys and values, `[kv_heads, len, head_dim]` each.
 #[derive(Clone, Debug)]
@@ -295,13 +295,22 @@ enum MatmulRows {
     OneByOne,
 }
 
-/// `x · wᵀ`, its rows grouped into calls as `mode` says.
-fn qmatmul(
-    w: &candle_core::quantized::QMatMul,
-    x: &Tensor,
-    mode: MatmulRows,
-) -> Result<Tensor, ModelError> {
+/// `x · wᵀ`, its rows grouped into calls as `mode` says where the kernel depends on it.
+fn qmatmul(w: &Matrix, x: &Tensor, mode: MatmulRows) -> Result<Tensor, ModelError> {
     let rows = x.dim(0).ctx("reading the row count")?;
+    let w = match w {
+        Matrix::Candle(w) => w,
+        // Row-independent by construction: one call for all rows.
+        Matrix::Q8(m) => {
+            let xs = x
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .ctx("reading matmul inputs")?;
+            let y = m.matmul(&xs, rows);
+            return Tensor::from_vec(y, (rows, m.out_features()), x.device())
+                .ctx("wrapping matmul outputs");
+        }
+    };
     let per_call = match mode {
         MatmulRows::Batched => rows,
         MatmulRows::Invariant => invariant_rows(w),

@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+
+use super::cpu_matmul::CpuQ8Matrix;
+use super::gpu::{Q8Matrix, Q8_BLOCK};
 use candle_core::{Device, Tensor};
 
 use super::error::{CandleContext, ModelError};
@@ -139,6 +142,24 @@ pub struct LoadOptions {
     /// this is the slower reference that `docs/models.md` measures the batched calls against,
     /// and a way out on a CPU where a kernel turns out to depend on the row count.
     pub row_by_row_matmuls: bool,
+    /// Which CPU kernel runs the matrix products (default [`MatmulKernel::Q8Rows`]).
+    pub kernel: MatmulKernel,
+}
+
+/// The CPU kernel behind a model's matrix products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// Every matrix as Q8_0 in a [`CpuQ8Matrix`] (default): Q8_0 matrices are repacked as
+    /// stored, other formats dequantized and re-quantized to Q8_0 at load (1.125 bytes per
+    /// weight: about twice a Q4_K file's size in memory). A `k + 1`-row call costs little more
+    /// than a 1-row call, and each row is the same bits however many are scored together, so
+    /// `split_invariant`, `row_by_row_matmuls` and `requantize_to_q8_0` do not apply to its
+    /// matmuls (`split_invariant` still sets how attention runs).
+    #[default]
+    Q8Rows,
+    /// candle-core's quantized matmul on the stored formats: less memory for 4- and 5-bit
+    /// files, each extra row costs about as much as the first (docs/models.md).
+    Candle,
 }
 
 impl Default for LoadOptions {
@@ -148,14 +169,24 @@ impl Default for LoadOptions {
             requantize_to_q8_0: false,
             split_invariant: true,
             row_by_row_matmuls: false,
+            kernel: MatmulKernel::Q8Rows,
         }
     }
+}
+
+/// A weight matrix in the form its kernel reads.
+#[derive(Clone, Debug)]
+pub(crate) enum Matrix {
+    /// [`MatmulKernel::Candle`].
+    Candle(QMatMul),
+    /// [`MatmulKernel::Q8Rows`].
+    Q8(CpuQ8Matrix),
 }
 
 /// A linear layer: a quantized weight and, for Qwen2's q/k/v, an f32 bias.
 #[derive(Clone, Debug)]
 pub(crate) struct Linear {
-    pub weight: QMatMul,
+    pub weight: Matrix,
     pub bias: Option<Tensor>,
 }
 
@@ -184,7 +215,7 @@ pub struct Weights {
     pub(crate) embedding: Arc<QTensor>,
     pub(crate) blocks: Vec<Block>,
     pub(crate) output_norm: Tensor,
-    pub(crate) output: QMatMul,
+    pub(crate) output: Matrix,
     pub(crate) tokenizer: Tokenizer,
     pub(crate) device: Device,
     /// [`LoadOptions::split_invariant`].
@@ -222,6 +253,7 @@ impl Weights {
             reader,
             path: &path,
             requantize_to_q8_0: options.requantize_to_q8_0,
+            kernel: options.kernel,
         };
 
         let embedding = Arc::new(tensors.matrix("token_embd.weight")?);
@@ -243,12 +275,17 @@ impl Weights {
             .collect::<Result<Vec<Block>, ModelError>>()?;
         let output_norm = dequantize(tensors.read("output_norm.weight")?)?;
         let tied_embeddings = !content.tensor_infos.contains_key("output.weight");
-        let output = if tied_embeddings {
+        let output = match (tied_embeddings, options.kernel) {
             // Same Arc: the head costs no memory beyond the embedding.
-            QMatMul::from_arc(embedding.clone()).ctx("wrapping the tied output head")?
-        } else {
-            QMatMul::from_qtensor(tensors.matrix("output.weight")?)
-                .ctx("wrapping the output head")?
+            (true, MatmulKernel::Candle) => Matrix::Candle(
+                QMatMul::from_arc(embedding.clone()).ctx("wrapping the tied output head")?,
+            ),
+            // A repacked copy: the lookups keep reading the stored table.
+            (true, MatmulKernel::Q8Rows) => Matrix::Q8(cpu_q8(&embedding)?),
+            (false, _) => {
+                let head = tensors.matrix("output.weight")?;
+                tensors.wrap(head)?
+            }
         };
         if tokenizer.vocab_size() > vocab_size {
             return Err(ModelError::Tokenizer {
@@ -379,6 +416,8 @@ struct TensorReader<'a> {
     path: &'a Path,
     /// [`LoadOptions::requantize_to_q8_0`].
     requantize_to_q8_0: bool,
+    /// [`LoadOptions::kernel`].
+    kernel: MatmulKernel,
 }
 
 impl TensorReader<'_> {
@@ -405,17 +444,28 @@ impl TensorReader<'_> {
             t.dtype(),
             GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
         );
-        if !self.requantize_to_q8_0 || !scalar_only {
+        // Q8Rows re-quantizes from the stored values itself: no Q8_0 round trip first.
+        if !self.requantize_to_q8_0 || !scalar_only || self.kernel == MatmulKernel::Q8Rows {
             return Ok(t);
         }
         let dense = t.dequantize(&Device::Cpu).ctx("dequantizing for Q8_0")?;
         QTensor::quantize(&dense, GgmlDType::Q8_0).ctx("re-quantizing to Q8_0")
     }
 
+    /// `t` in the form the kernel reads.
+    fn wrap(&self, t: QTensor) -> Result<Matrix, ModelError> {
+        match self.kernel {
+            MatmulKernel::Candle => Ok(Matrix::Candle(
+                QMatMul::from_qtensor(t).ctx("wrapping a quantized weight")?,
+            )),
+            MatmulKernel::Q8Rows => Ok(Matrix::Q8(cpu_q8(&t)?)),
+        }
+    }
+
     /// Block `i`'s linear layer `name`, with its bias when `bias`.
     fn linear(&mut self, i: usize, name: &str, bias: bool) -> Result<Linear, ModelError> {
         let weight = self.matrix(&format!("blk.{i}.{name}.weight"))?;
-        let weight = QMatMul::from_qtensor(weight).ctx("wrapping a quantized weight")?;
+        let weight = self.wrap(weight)?;
         let bias = if bias {
             Some(dequantize(self.read(&format!("blk.{i}.{name}.bias"))?)?)
         } else {
@@ -447,6 +497,45 @@ impl TensorReader<'_> {
             down,
         })
     }
+}
+
+/// `t` (`[out_features, in_features]`) as a [`CpuQ8Matrix`]: Q8_0 blocks are repacked as stored
+/// (the f16 scale widened to f32, lossless), other formats dequantized and re-quantized.
+fn cpu_q8(t: &QTensor) -> Result<CpuQ8Matrix, ModelError> {
+    let (n, k) = t.shape().dims2().ctx("reading a matrix shape")?;
+    if t.dtype() != GgmlDType::Q8_0 {
+        let dense = t.dequantize(&Device::Cpu).ctx("dequantizing for Q8_0")?;
+        let values = dense
+            .flatten_all()
+            .and_then(|d| d.to_vec1::<f32>())
+            .ctx("reading dequantized values")?;
+        return Ok(CpuQ8Matrix::quantize(&values, n, k));
+    }
+    // ggml's block_q8_0: an f16 scale, then 32 int8 values.
+    const BLOCK_BYTES: usize = 2 + Q8_BLOCK;
+    let data = t.data().ctx("reading Q8_0 blocks")?;
+    let blocks = k / Q8_BLOCK;
+    if data.len() != n * blocks * BLOCK_BYTES {
+        return Err(ModelError::Unsupported {
+            message: format!("a {n}×{k} Q8_0 matrix of {} bytes", data.len()),
+        });
+    }
+    let mut m = Q8Matrix {
+        rows: n,
+        cols: k,
+        qs: Vec::with_capacity(n * k / 4),
+        scales: Vec::with_capacity(n * blocks),
+    };
+    for block in data.chunks_exact(BLOCK_BYTES) {
+        let d = half::f16::from_le_bytes([block[0], block[1]]);
+        m.scales.push(d.to_f32());
+        m.qs.extend(
+            block[2..]
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+        );
+    }
+    Ok(CpuQ8Matrix::from_q8(&m))
 }
 
 fn dequantize(t: QTensor) -> Result<Tensor, ModelError> {
