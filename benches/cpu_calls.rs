@@ -90,6 +90,7 @@ fn kernel_name(k: MatmulKernel) -> &'static str {
     match k {
         MatmulKernel::Q8Rows => "q8rows",
         MatmulKernel::Candle => "candle",
+        MatmulKernel::Auto => "auto",
     }
 }
 

@@ -21,7 +21,7 @@
 //!
 //! `--cpu` runs the same comparison on the CPU path (`specdec::models::Model` and
 //! `speculative::SpecDecoder` with a CPU verifier; real weights only), rows with `backend = cpu`;
-//! `--kernel` picks its matmul (`q8rows`, the default, or `candle`: `MatmulKernel`).
+//! `--kernel` picks its matmul (`auto`, the default, `q8rows` or `candle`: `MatmulKernel`).
 //!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
@@ -89,7 +89,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         synthetic: None,
         csv: None,
         cpu: false,
-        kernel: specdec::models::MatmulKernel::Q8Rows,
+        kernel: specdec::models::MatmulKernel::Auto,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -105,9 +105,12 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--cpu" => a.cpu = true,
             "--kernel" => {
                 a.kernel = match value("--kernel")?.as_str() {
+                    "auto" => specdec::models::MatmulKernel::Auto,
                     "q8rows" => specdec::models::MatmulKernel::Q8Rows,
                     "candle" => specdec::models::MatmulKernel::Candle,
-                    other => return Err(format!("--kernel: q8rows or candle, not {other:?}")),
+                    other => {
+                        return Err(format!("--kernel: auto, q8rows or candle, not {other:?}"))
+                    }
                 }
             }
             "--synthetic" => {
@@ -124,7 +127,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "usage: decode TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] \
                     [--tokens 64] [--rounds 3] [--prompt code-edit|python|prose] \
                     [--temperature T] [--synthetic A1,A2,..] [--csv PATH] \
-                    [--cpu [--kernel q8rows|candle]]"
+                    [--cpu [--kernel auto|q8rows|candle]]"
                 .into(),
         );
     }
@@ -494,12 +497,12 @@ fn cpu_adapter(kernel: specdec::models::MatmulKernel, threads: usize) -> String 
     } else {
         format!("{threads} threads")
     };
-    match kernel {
+    match kernel.resolve() {
         specdec::models::MatmulKernel::Q8Rows if specdec::models::CpuKernel::simd_available() => {
             format!("q8rows AVX-512 VNNI, {threads}")
         }
         specdec::models::MatmulKernel::Q8Rows => format!("q8rows portable, {threads}"),
-        specdec::models::MatmulKernel::Candle => format!("candle, {threads}"),
+        _ => format!("candle, {threads}"),
     }
 }
 

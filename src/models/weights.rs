@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 
-use super::cpu_matmul::CpuQ8Matrix;
+use super::cpu_matmul::{CpuKernel, CpuQ8Matrix};
 use super::gpu::{Q8Matrix, Q8_BLOCK};
 use candle_core::{Device, Tensor};
 
@@ -142,20 +142,24 @@ pub struct LoadOptions {
     /// this is the slower reference that `docs/models.md` measures the batched calls against,
     /// and a way out on a CPU where a kernel turns out to depend on the row count.
     pub row_by_row_matmuls: bool,
-    /// Which CPU kernel runs the matrix products (default [`MatmulKernel::Q8Rows`]).
+    /// Which CPU kernel runs the matrix products (default [`MatmulKernel::Auto`]).
     pub kernel: MatmulKernel,
 }
 
 /// The CPU kernel behind a model's matrix products.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MatmulKernel {
-    /// Every matrix as Q8_0 in a [`CpuQ8Matrix`] (default): Q8_0 matrices are repacked as
+    /// [`MatmulKernel::Q8Rows`] where its SIMD path runs ([`CpuKernel::simd_available`]: x86-64
+    /// with AVX-512 VNNI), else [`MatmulKernel::Candle`]: the portable path of `Q8Rows` gives the
+    /// same bits but is several times slower than candle's SIMD kernels (docs/models.md).
+    #[default]
+    Auto,
+    /// Every matrix as Q8_0 in a [`CpuQ8Matrix`]: Q8_0 matrices are repacked as
     /// stored, other formats dequantized and re-quantized to Q8_0 at load (1.125 bytes per
     /// weight: about twice a Q4_K file's size in memory). A `k + 1`-row call costs little more
     /// than a 1-row call, and each row is the same bits however many are scored together, so
     /// `split_invariant`, `row_by_row_matmuls` and `requantize_to_q8_0` do not apply to its
     /// matmuls (`split_invariant` still sets how attention runs).
-    #[default]
     Q8Rows,
     /// candle-core's quantized matmul on the stored formats: less memory for 4- and 5-bit
     /// files, each extra row costs about as much as the first (docs/models.md).
@@ -169,7 +173,18 @@ impl Default for LoadOptions {
             requantize_to_q8_0: false,
             split_invariant: true,
             row_by_row_matmuls: false,
-            kernel: MatmulKernel::Q8Rows,
+            kernel: MatmulKernel::Auto,
+        }
+    }
+}
+
+impl MatmulKernel {
+    /// [`MatmulKernel::Auto`] resolved for this CPU; the others as they are.
+    pub fn resolve(self) -> MatmulKernel {
+        match self {
+            MatmulKernel::Auto if CpuKernel::simd_available() => MatmulKernel::Q8Rows,
+            MatmulKernel::Auto => MatmulKernel::Candle,
+            other => other,
         }
     }
 }
@@ -253,7 +268,7 @@ impl Weights {
             reader,
             path: &path,
             requantize_to_q8_0: options.requantize_to_q8_0,
-            kernel: options.kernel,
+            kernel: options.kernel.resolve(),
         };
 
         let embedding = Arc::new(tensors.matrix("token_embd.weight")?);
@@ -275,13 +290,13 @@ impl Weights {
             .collect::<Result<Vec<Block>, ModelError>>()?;
         let output_norm = dequantize(tensors.read("output_norm.weight")?)?;
         let tied_embeddings = !content.tensor_infos.contains_key("output.weight");
-        let output = match (tied_embeddings, options.kernel) {
+        let output = match (tied_embeddings, tensors.kernel) {
             // Same Arc: the head costs no memory beyond the embedding.
             (true, MatmulKernel::Candle) => Matrix::Candle(
                 QMatMul::from_arc(embedding.clone()).ctx("wrapping the tied output head")?,
             ),
             // A repacked copy: the lookups keep reading the stored table.
-            (true, MatmulKernel::Q8Rows) => Matrix::Q8(cpu_q8(&embedding)?),
+            (true, MatmulKernel::Q8Rows | MatmulKernel::Auto) => Matrix::Q8(cpu_q8(&embedding)?),
             (false, _) => {
                 let head = tensors.matrix("output.weight")?;
                 tensors.wrap(head)?
@@ -458,7 +473,7 @@ impl TensorReader<'_> {
             MatmulKernel::Candle => Ok(Matrix::Candle(
                 QMatMul::from_qtensor(t).ctx("wrapping a quantized weight")?,
             )),
-            MatmulKernel::Q8Rows => Ok(Matrix::Q8(cpu_q8(&t)?)),
+            MatmulKernel::Q8Rows | MatmulKernel::Auto => Ok(Matrix::Q8(cpu_q8(&t)?)),
         }
     }
 
