@@ -3,7 +3,8 @@
 //! same prompt as the baseline. Where the backend policy finds a real GPU (`specdec info`), both
 //! run on it: the models' forward passes through `specdec::models::GpuModel` and the decode loop
 //! through `GpuDecoder`, with the target's logits verified where they are. Otherwise (or with
-//! `--cpu`) the models run on the CPU through candle and the loop is `specdec::speculative`'s
+//! `--cpu`) the models run on the CPU (`specdec::models::Model`: the project's Q8_0 matmul where
+//! the CPU has AVX-512 VNNI, candle's kernels elsewhere) and the loop is `specdec::speculative`'s
 //! `SpecDecoder`.
 //!
 //! ```text
@@ -16,8 +17,9 @@
 //! tokens (64), `--self N` SmolLM2 with a
 //! layer-skip draft of its first N blocks instead of the Qwen pair, `--temperature T`
 //! (0 = greedy; then the output must equal plain greedy decoding, which is checked), `--seed S`.
-//! Both models are loaded with `requantize_to_q8_0` (see the README: candle's Q5_0/Q4_1 dot
-//! products are scalar, which would make the 0.5B draft slower than the 1.5B target).
+//! Both models are loaded with `requantize_to_q8_0`, which matters only where candle's kernels run
+//! (its Q5_0/Q4_1 dot products are scalar, which would make the 0.5B draft slower than the 1.5B
+//! target).
 
 use std::process::ExitCode;
 use std::time::Instant;

@@ -94,15 +94,12 @@ impl CpuQ8Matrix {
     /// Repacks a Q8_0 matrix (`rows` output features of `cols` inputs). Lossless.
     pub fn from_q8(m: &Q8Matrix) -> CpuQ8Matrix {
         let blocks = m.cols / Q8_BLOCK;
-        Self::pack(
-            m.rows,
-            m.cols,
-            |r, b, c| {
-                let e = r * m.cols + b * Q8_BLOCK + c;
-                (m.qs[e / 4] >> (8 * (e % 4))) as u8 as i8
-            },
-            |r, b| m.scales[r * blocks + b],
-        )
+        Self::pack(m.rows, m.cols, |r, b| {
+            let e0 = r * m.cols + b * Q8_BLOCK;
+            let q =
+                std::array::from_fn(|c| (m.qs[(e0 + c) / 4] >> (8 * ((e0 + c) % 4))) as u8 as i8);
+            (m.scales[r * blocks + b], q)
+        })
     }
 
     /// Quantizes row-major f32 values (`out_features` rows of `in_features`) block by block as
@@ -116,47 +113,43 @@ impl CpuQ8Matrix {
             out_features * in_features,
             "values of a {out_features}×{in_features} matrix"
         );
-        let padded = in_features.div_ceil(Q8_BLOCK) * Q8_BLOCK;
-        let mut m = if padded == in_features {
-            CpuQ8Matrix::from_q8(&Q8Matrix::quantize(values, out_features, in_features))
-        } else {
-            let mut wide = vec![0f32; out_features * padded];
-            for (dst, src) in wide
-                .chunks_exact_mut(padded)
-                .zip(values.chunks_exact(in_features.max(1)))
-            {
-                dst[..in_features].copy_from_slice(src);
-            }
-            CpuQ8Matrix::from_q8(&Q8Matrix::quantize(&wide, out_features, padded))
-        };
-        m.in_features = in_features;
-        m
+        Self::pack(out_features, in_features, |r, b| {
+            let row = &values[r * in_features..(r + 1) * in_features];
+            let src = &row[b * Q8_BLOCK..in_features.min((b + 1) * Q8_BLOCK)];
+            let mut block = [0f32; Q8_BLOCK];
+            block[..src.len()].copy_from_slice(src);
+            quantize_block(&block)
+        })
     }
 
-    /// Lays weights out as the type's docs say; `q(r, b, c)` is the int8 of feature `r`, block
-    /// `b`, position `c`, and `d(r, b)` its block's scale.
+    /// Lays weights out as the type's docs say, tiles in parallel; `block(r, b)` is the scale
+    /// and the 32 int8 values of feature `r`'s block `b`.
     fn pack(
         out_features: usize,
         in_features: usize,
-        q: impl Fn(usize, usize, usize) -> i8,
-        d: impl Fn(usize, usize) -> f32,
+        block: impl Fn(usize, usize) -> (f32, [i8; Q8_BLOCK]) + Sync,
     ) -> CpuQ8Matrix {
         let blocks = in_features.div_ceil(Q8_BLOCK);
         let tiles = out_features.div_ceil(TILE_LANES);
         let mut quants = vec![128u8; tiles * blocks * TILE_BLOCK_BYTES];
         let mut scales = vec![0f32; tiles * blocks * TILE_LANES];
-        for r in 0..out_features {
-            let (t, lane) = (r / TILE_LANES, r % TILE_LANES);
-            for b in 0..blocks {
-                let tb = t * blocks + b;
-                scales[tb * TILE_LANES + lane] = d(r, b);
-                for c in 0..Q8_BLOCK {
-                    let (s, j) = (c / 4, c % 4);
-                    let at = tb * TILE_BLOCK_BYTES + s * 4 * TILE_LANES + lane * 4 + j;
-                    quants[at] = (q(r, b, c) as u8) ^ 0x80;
+        quants
+            .par_chunks_mut((blocks * TILE_BLOCK_BYTES).max(1))
+            .zip(scales.par_chunks_mut((blocks * TILE_LANES).max(1)))
+            .enumerate()
+            .for_each(|(t, (quants, scales))| {
+                let features = t * TILE_LANES..out_features.min((t + 1) * TILE_LANES);
+                for (lane, r) in features.enumerate() {
+                    for b in 0..blocks {
+                        let (d, q) = block(r, b);
+                        scales[b * TILE_LANES + lane] = d;
+                        for (c, &v) in q.iter().enumerate() {
+                            let at = b * TILE_BLOCK_BYTES + (c / 4) * 4 * TILE_LANES + lane * 4;
+                            quants[at + c % 4] = (v as u8) ^ 0x80;
+                        }
+                    }
                 }
-            }
-        }
+            });
         CpuQ8Matrix {
             out_features,
             in_features,
@@ -287,14 +280,11 @@ impl QuantRows {
                 let src = &row[b * Q8_BLOCK..row.len().min((b + 1) * Q8_BLOCK)];
                 block.fill(0.0);
                 block[..src.len()].copy_from_slice(src);
-                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = amax / 127.0;
-                let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+                let (scale, qs) = quantize_block(&block);
                 let mut sum = 0i32;
-                for four in block.chunks_exact(4) {
+                for four in qs.chunks_exact(4) {
                     let mut word = 0u32;
-                    for (j, v) in four.iter().enumerate() {
-                        let qv = (v * inv).round() as i8;
+                    for (j, &qv) in four.iter().enumerate() {
                         sum += i32::from(qv);
                         word |= u32::from(qv as u8) << (8 * j);
                     }
@@ -311,6 +301,51 @@ impl QuantRows {
             d,
             corr,
         }
+    }
+}
+
+/// ggml's `quantize_row_q8_0` rule for one block, with the scale kept f32: `d = max|x| / 127`,
+/// `q = round(x / d)` (halves away from zero), as [`Q8Matrix::quantize`] does.
+fn quantize_block(block: &[f32; Q8_BLOCK]) -> (f32, [i8; Q8_BLOCK]) {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; Q8_BLOCK];
+    for (q, &v) in q.iter_mut().zip(block) {
+        *q = round_half_away(v * inv) as i8;
+    }
+    (d, q)
+}
+
+/// `x.round()` for `|x| < 2³¹` (NaN gives 0, as `NaN.round() as i8` does), without the libm call
+/// that `f32::round` compiles to on baseline x86-64 (it made loading Qwen 1.5B take ~17 s).
+/// Exact: the truncation is exact below 2³¹ and `x − trunc(x)` is exact in f32.
+fn round_half_away(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    // Without branches: the fractions of weights are random, so a branch mispredicts often.
+    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    #[test]
+    fn rounding_equals_f32_round_at_and_around_every_half() {
+        for k in -600..=600 {
+            let half = k as f32 / 2.0;
+            for x in [
+                half,
+                half.next_up(),
+                half.next_down(),
+                half + 0.25,
+                half - 0.25,
+            ] {
+                assert_eq!(round_half_away(x), x.round() as i32, "{x:e}");
+            }
+        }
+        assert_eq!(round_half_away(f32::NAN) as i8, f32::NAN.round() as i8);
     }
 }
 
@@ -388,22 +423,27 @@ mod avx512 {
             for (i, acc) in acc.iter_mut().enumerate() {
                 let rb = (r0 + i) * blocks + b;
                 let qa = a.q.as_ptr().add(rb * STEPS);
-                // Four independent chains, not one: a `vpdpbusd` waits ~4 cycles for its
-                // accumulator, which bounded a 1-row call. Integer sums: the order is free.
-                let mut part = [
-                    _mm512_set1_epi32(*a.corr.get_unchecked(rb)),
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                ];
+                // Independent chains where rows are few: a `vpdpbusd` waits ~4 cycles for its
+                // accumulator, which bounded a 1-row call; with 4 or more rows the rows overlap
+                // and extra chains only add instructions. Integer sums: the order is free.
+                let chains = if R >= 4 {
+                    1
+                } else if R >= 2 {
+                    2
+                } else {
+                    4
+                };
+                let mut part = [_mm512_setzero_si512(); 4];
+                part[0] = _mm512_set1_epi32(*a.corr.get_unchecked(rb));
                 for (step, wv) in wv.iter().enumerate() {
                     let av = _mm512_set1_epi32(*qa.add(step));
-                    part[step % 4] = _mm512_dpbusd_epi32(part[step % 4], *wv, av);
+                    let c = step % chains;
+                    part[c] = _mm512_dpbusd_epi32(part[c], *wv, av);
                 }
-                let isum = _mm512_add_epi32(
-                    _mm512_add_epi32(part[0], part[1]),
-                    _mm512_add_epi32(part[2], part[3]),
-                );
+                let mut isum = part[0];
+                for p in &part[1..chains] {
+                    isum = _mm512_add_epi32(isum, *p);
+                }
                 let scale = _mm512_mul_ps(sw, _mm512_set1_ps(*a.d.get_unchecked(rb)));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
             }
