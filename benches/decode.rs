@@ -429,33 +429,37 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     let template = draft_model(&a.draft)?;
-    let generate =
-        |k: usize| -> Result<(f64, specdec::speculative::Metrics), Box<dyn std::error::Error>> {
-            let mut model = Model::new(weights.clone());
-            model.forward(&prompt[..prompt.len() - 1])?;
-            let mut target = Sequences::new(vec![model]);
-            // Plain decoding (k = 0) never asks its proposer for drafts.
-            let mut proposer: Box<dyn Proposer> = match &template {
-                Some(t) if k > 0 => Box::new(DraftModelProposer::new(GreedyDraft::new(t.clone()))),
-                _ => Box::new(NgramProposer::new(1, 3)?),
-            };
-            let mut decoder = SpecDecoder::new(
-                &verifier,
-                DecoderConfig {
-                    num_drafts: k,
-                    ..DecoderConfig::default()
-                },
-            );
-            let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
-            let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
-            let m = decoder.metrics().clone();
-            Ok((out[0].tokens.len() as f64 / m.elapsed.as_secs_f64(), m))
+    type Run = (f64, specdec::speculative::Metrics, Vec<u32>);
+    let generate = |k: usize| -> Result<Run, Box<dyn std::error::Error>> {
+        let mut model = Model::new(weights.clone());
+        model.forward(&prompt[..prompt.len() - 1])?;
+        let mut target = Sequences::new(vec![model]);
+        // Plain decoding (k = 0) never asks its proposer for drafts.
+        let mut proposer: Box<dyn Proposer> = match &template {
+            Some(t) if k > 0 => Box::new(DraftModelProposer::new(GreedyDraft::new(t.clone()))),
+            _ => Box::new(NgramProposer::new(1, 3)?),
         };
+        let mut decoder = SpecDecoder::new(
+            &verifier,
+            DecoderConfig {
+                num_drafts: k,
+                ..DecoderConfig::default()
+            },
+        );
+        let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
+        let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
+        let m = decoder.metrics().clone();
+        let rate = out[0].tokens.len() as f64 / m.elapsed.as_secs_f64();
+        Ok((rate, m, out[0].tokens.clone()))
+    };
     let _ = generate(a.k.min(2))?; // warm-up: allocations, caches, the CPU's clocks
     let (mut plain, mut spec, mut last) = (Vec::new(), Vec::new(), None);
     for round in 0..a.rounds {
-        let (p, _) = generate(0)?;
-        let (s, m) = generate(a.k)?;
+        let (p, _, plain_tokens) = generate(0)?;
+        let (s, m, spec_tokens) = generate(a.k)?;
+        if a.temperature == 0.0 && plain_tokens != spec_tokens {
+            return Err("speculative greedy output differs from plain greedy output".into());
+        }
         eprintln!("round {round}: plain {p:.2} tok/s, speculative {s:.2} tok/s");
         plain.push(p);
         spec.push(s);
