@@ -82,8 +82,9 @@ fn every_row_is_the_same_bits_alone_or_with_others_on_every_kernel() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    // Enough tiles that several parallel tasks exist.
-    let (n, k, rows) = (40 * TILE_LANES + 3, 96, 5);
+    // Enough work that calls go to the pool (over 16 k tile-blocks × rows: 65 × 64 × 5 here) in
+    // several tasks, and a last partial tile.
+    let (n, k, rows) = (64 * TILE_LANES + 3, 2048, 5);
     let m = CpuQ8Matrix::quantize(&random(n * k, 7), n, k);
     let x = random(rows * k, 8);
     let on = |threads: usize| {

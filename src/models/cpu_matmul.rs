@@ -46,6 +46,9 @@ const STEPS: usize = Q8_BLOCK / 4;
 const TILE_BLOCK_BYTES: usize = TILE_LANES * Q8_BLOCK;
 /// Tiles per parallel task: enough work to amortise a task, few enough to balance two threads.
 const TILES_PER_TASK: usize = 4;
+/// Tile-blocks × rows below which a call runs on the calling thread: ~16 k of them take ~80 µs
+/// on one core, well above the cost of handing work to the pool and waiting for it.
+const PARALLEL_WORK: usize = 16_384;
 
 /// Which instructions [`CpuQ8Matrix::matmul_with`] uses. Both give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,15 +215,25 @@ impl CpuQ8Matrix {
         // Tile-major scratch so that parallel tasks own disjoint slices; transposed below.
         let per_tile = rows * TILE_LANES;
         let mut scratch = vec![0f32; self.tiles * per_tile];
-        scratch
-            .par_chunks_mut(per_tile * TILES_PER_TASK)
-            .enumerate()
-            .for_each(|(task, out)| {
-                for (i, tile_out) in out.chunks_exact_mut(per_tile).enumerate() {
-                    let t = task * TILES_PER_TASK + i;
-                    self.tile(t, &a, tile_out, simd);
-                }
-            });
+        let task = |(task, out): (usize, &mut [f32])| {
+            for (i, tile_out) in out.chunks_exact_mut(per_tile).enumerate() {
+                self.tile(task * TILES_PER_TASK + i, &a, tile_out, simd);
+            }
+        };
+        // Handing a call to rayon's pool costs the caller a sleep and a wake-up (~10 µs, measured
+        // as 15 % of a 1-thread SmolLM2 forward): small calls and 1-thread pools run here.
+        let work = self.tiles * self.blocks * rows;
+        if rayon::current_num_threads() > 1 && work >= PARALLEL_WORK {
+            scratch
+                .par_chunks_mut(per_tile * TILES_PER_TASK)
+                .enumerate()
+                .for_each(task);
+        } else {
+            scratch
+                .chunks_mut(per_tile * TILES_PER_TASK)
+                .enumerate()
+                .for_each(task);
+        }
         let n = self.out_features;
         let mut y = vec![0f32; rows * n];
         for t in 0..self.tiles {
