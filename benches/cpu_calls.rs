@@ -15,10 +15,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use specdec::models::{
-    models_dir, CpuKernel, LoadOptions, MatmulKernel, Model, Weights, QWEN_0_5B_FILE,
-    QWEN_1_5B_FILE, SMOLLM2_FILE,
-};
+use specdec::models::{model_file, CpuKernel, LoadOptions, MatmulKernel, Model, Weights};
 
 /// The prefix and the drafted tokens come from this text (12 + 9 tokens needed in every
 /// tokenizer).
@@ -83,15 +80,6 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-fn model_path(name: &str) -> std::path::PathBuf {
-    match name {
-        "smollm2" => models_dir().join(SMOLLM2_FILE),
-        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
-        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
-        other => other.into(),
-    }
-}
-
 fn kernel_name(k: MatmulKernel) -> &'static str {
     match k {
         MatmulKernel::Q8Rows => "q8rows",
@@ -135,7 +123,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let most = *a.rows.iter().max().expect("rows checked non-empty");
     for name in &a.models {
-        let path = model_path(name);
+        let path = model_file(name);
         let mut bases = Vec::new();
         for &kernel in &a.kernels {
             let started = Instant::now();

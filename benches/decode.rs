@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specdec::models::{
-    models_dir, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions, GpuProposer,
-    GpuSequence, Weights, QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+    model_file, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions, GpuProposer,
+    GpuSequence, Weights,
 };
 use specdec::speculative::NgramProposer;
 use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
@@ -180,7 +180,7 @@ fn load(name: &str, seed: u64, verifier: &Verifier) -> Result<Loaded, Box<dyn st
             weights: None,
         });
     }
-    let path = model_path(name);
+    let path = model_file(name);
     let w = Weights::load(&path)?;
     let gpu = GpuModel::load(&path, w.config(), device, queue, &options)?;
     Ok(Loaded {
@@ -386,15 +386,6 @@ fn run(a: &Args) -> Result<(), String> {
     run_inner(a).map_err(|e| e.to_string())
 }
 
-fn model_path(name: &str) -> std::path::PathBuf {
-    match name {
-        "smollm2" => models_dir().join(SMOLLM2_FILE),
-        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
-        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
-        other => other.into(),
-    }
-}
-
 /// The CPU path: plain decoding and speculative decoding through `SpecDecoder` with a
 /// CPU verifier, alternated per round. Both run the same loop (plain is `k = 0`) with the
 /// target's prompt prefilled before the clock starts; the draft model's own prefill of the
@@ -408,7 +399,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         kernel: a.kernel,
         ..Default::default()
     };
-    let weights = Weights::load_with(model_path(&a.target), &options)?;
+    let weights = Weights::load_with(model_file(&a.target), &options)?;
     let prompt = weights.tokenizer().encode(prompt_text(&a.prompt)?);
     let params = if a.temperature > 0.0 {
         SamplingParams::seeded(a.temperature, 1)
@@ -425,7 +416,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let n = number("--draft layers:N", &d["layers:".len()..])?;
                 Some(Model::layer_skip(weights.clone(), n)?)
             }
-            model => Some(Model::new(Weights::load_with(model_path(model), &options)?)),
+            model => Some(Model::new(Weights::load_with(model_file(model), &options)?)),
         })
     };
     let template = draft_model(&a.draft)?;

@@ -17,12 +17,10 @@
 //! the mean negative log-likelihood per token (and the perplexity) of PROMPT, or of a fixed
 //! English + Python passage without one, to compare kernels and formats by accuracy.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use specdec::models::{
-    generate, models_dir, GenerateOptions, LoadOptions, MatmulKernel, Model, RopeStyle, Weights,
-    QWEN_0_5B_FILE, QWEN_1_5B_FILE, SMOLLM2_FILE,
+    generate, model_file, GenerateOptions, LoadOptions, MatmulKernel, Model, RopeStyle, Weights,
 };
 
 /// The `--nll` passage when no prompt is given: English prose, then Python.
@@ -89,12 +87,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
          [--layers N] [--rope pairs|halves] [--q8] [--kernel auto|q8rows|candle] [--nll]; \
          MODEL: smollm2 | qwen-0.5b | qwen-1.5b | FILE.gguf",
     )?;
-    let path = match model_arg.as_str() {
-        "smollm2" => models_dir().join(SMOLLM2_FILE),
-        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
-        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
-        other => PathBuf::from(other),
-    };
+    let path = model_file(&model_arg);
     let prompt =
         prompt.unwrap_or_else(|| if nll { PASSAGE } else { "def fibonacci(n):" }.to_string());
 

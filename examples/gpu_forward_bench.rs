@@ -26,10 +26,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use specdec::models::{
-    models_dir, Config, GpuModel, GpuModelOptions, GpuSequence, Weights, QWEN_0_5B_FILE,
-    QWEN_1_5B_FILE, SMOLLM2_FILE,
-};
+use specdec::models::{model_file, Config, GpuModel, GpuModelOptions, GpuSequence, Weights};
 
 fn main() -> ExitCode {
     match run() {
@@ -115,12 +112,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let config = Config::known_shape(name).ok_or(format!("no shape for {name:?}"))?;
         GpuModel::random(&config, 1, &device, &queue, &options)?
     } else {
-        let path = match args.model.as_str() {
-            "smollm2" => models_dir().join(SMOLLM2_FILE),
-            "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
-            "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
-            other => other.into(),
-        };
+        let path = model_file(&args.model);
         let w = Weights::load(&path)?;
         GpuModel::load(&path, w.config(), &device, &queue, &options)?
     };

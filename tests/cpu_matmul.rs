@@ -6,6 +6,9 @@
 //! matrix is lossless. In SmolLM2 (needs `examples/fetch-models.sh smollm2`): whole-prompt rows
 //! equal 1-token rows to the bit, and the logits stay near candle's kernel on the stored weights.
 
+mod common;
+
+use common::{first_difference, outlier_values};
 use specdec::models::{CpuKernel, CpuQ8Matrix, Q8Matrix, ROW_TILE, TILE_LANES};
 
 /// `(out_features, in_features)`: a single weight, partial tiles (17, 33), partial blocks (31,
@@ -20,36 +23,6 @@ const SHAPES: [(usize, usize); 7] = [
     (16, 512),
 ];
 
-/// Deterministic values in `[-1, 1)` with every 37th one ×8, so blocks have outliers that set
-/// their scale (splitmix64).
-fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..len)
-        .map(|i| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let u = (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if i % 37 == 0 {
-                u * 8.0
-            } else {
-                u
-            }
-        })
-        .collect()
-}
-
-/// The first index where `a` and `b` differ in any bit, with both values.
-fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x.to_bits() != y.to_bits())
-        .map(|i| (i, a[i], b[i]))
-}
-
 #[test]
 fn every_row_is_the_same_bits_alone_or_with_others_on_every_kernel() {
     println!(
@@ -58,8 +31,8 @@ fn every_row_is_the_same_bits_alone_or_with_others_on_every_kernel() {
     );
     let most = 2 * ROW_TILE + 1;
     for (s, &(n, k)) in SHAPES.iter().enumerate() {
-        let m = CpuQ8Matrix::quantize(&random(n * k, 1 + s as u64), n, k);
-        let x = random(most * k, 100 + s as u64);
+        let m = CpuQ8Matrix::quantize(&outlier_values(n * k, 1 + s as u64), n, k);
+        let x = outlier_values(most * k, 100 + s as u64);
         let singles: Vec<Vec<f32>> = (0..most)
             .map(|r| m.matmul_with(&x[r * k..(r + 1) * k], 1, CpuKernel::Portable))
             .collect();
@@ -85,8 +58,8 @@ fn results_do_not_depend_on_the_thread_count() {
     // Enough work that calls go to the pool (over 16 k tile-blocks × rows: 65 × 64 × 5 here) in
     // several tasks, and a last partial tile.
     let (n, k, rows) = (64 * TILE_LANES + 3, 2048, 5);
-    let m = CpuQ8Matrix::quantize(&random(n * k, 7), n, k);
-    let x = random(rows * k, 8);
+    let m = CpuQ8Matrix::quantize(&outlier_values(n * k, 7), n, k);
+    let x = outlier_values(rows * k, 8);
     let on = |threads: usize| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -133,8 +106,8 @@ fn results_lie_within_the_activation_rounding_bound_and_a_wrong_block_does_not()
     let (mut checked, mut caught, mut controls) = (0, 0, 0);
     for (s, &(n, k)) in SHAPES.iter().enumerate() {
         let rows = 3;
-        let m = CpuQ8Matrix::quantize(&random(n * k, 20 + s as u64), n, k);
-        let x = random(rows * k, 40 + s as u64);
+        let m = CpuQ8Matrix::quantize(&outlier_values(n * k, 20 + s as u64), n, k);
+        let x = outlier_values(rows * k, 40 + s as u64);
         let y = m.matmul(&x, rows);
         for row in 0..rows {
             let xr = &x[row * k..(row + 1) * k];
@@ -178,7 +151,7 @@ fn results_lie_within_the_activation_rounding_bound_and_a_wrong_block_does_not()
 #[test]
 fn repacking_q8_0_is_lossless_and_widths_are_zero_padded() {
     let (n, k) = (37, 96);
-    let q8 = Q8Matrix::quantize(&random(n * k, 3), n, k);
+    let q8 = Q8Matrix::quantize(&outlier_values(n * k, 3), n, k);
     let m = CpuQ8Matrix::from_q8(&q8);
     assert_eq!((m.out_features(), m.in_features()), (n, k));
     for r in 0..n {
@@ -188,7 +161,7 @@ fn repacking_q8_0_is_lossless_and_widths_are_zero_padded() {
     }
     // A width of 70 is stored as 96 with zeros: the same values as quantizing the padded rows.
     let (n, k) = (5, 70);
-    let values = random(n * k, 4);
+    let values = outlier_values(n * k, 4);
     let mut padded = vec![0f32; n * 96];
     for r in 0..n {
         padded[r * 96..r * 96 + k].copy_from_slice(&values[r * k..(r + 1) * k]);
@@ -200,7 +173,7 @@ fn repacking_q8_0_is_lossless_and_widths_are_zero_padded() {
             assert_eq!(m.get(r, c).to_bits(), q8.get(r, c).to_bits(), "({r}, {c})");
         }
     }
-    let x = random(k, 5);
+    let x = outlier_values(k, 5);
     let mut xp = vec![0f32; 96];
     xp[..k].copy_from_slice(&x);
     let wide = CpuQ8Matrix::from_q8(&q8);
@@ -215,8 +188,8 @@ fn repacking_q8_0_is_lossless_and_widths_are_zero_padded() {
 #[test]
 #[should_panic(expected = "2 rows of 96 inputs")]
 fn a_short_input_is_refused() {
-    let m = CpuQ8Matrix::quantize(&random(96, 1), 1, 96);
-    m.matmul(&random(100, 2), 2);
+    let m = CpuQ8Matrix::quantize(&outlier_values(96, 1), 1, 96);
+    m.matmul(&outlier_values(100, 2), 2);
 }
 
 mod smollm2 {

@@ -9,6 +9,9 @@
 //!
 //! The SmolLM2 tests need `examples/fetch-models.sh smollm2`; a missing file fails them.
 
+mod common;
+
+use common::{first_difference, outlier_values};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,30 +55,9 @@ fn shapes(dtype: GgmlDType) -> &'static [(usize, usize)] {
     }
 }
 
-/// Deterministic values in `[-1, 1)` with every 37th one ×8, so blocks have outliers that set
-/// their scale (splitmix64).
-fn random(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..len)
-        .map(|i| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let u = (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            if i % 37 == 0 {
-                u * 8.0
-            } else {
-                u
-            }
-        })
-        .collect()
-}
-
 /// A quantized `[n, k]` weight and its dequantized values, row-major.
 fn weight(dtype: GgmlDType, k: usize, n: usize, seed: u64) -> (QMatMul, Vec<f32>) {
-    let dense = Tensor::from_vec(random(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    let dense = Tensor::from_vec(outlier_values(n * k, seed), (n, k), &Device::Cpu).unwrap();
     let q = QTensor::quantize(&dense, dtype).unwrap();
     let deq = q
         .dequantize(&Device::Cpu)
@@ -103,15 +85,6 @@ fn matmul(w: &QMatMul, x: &[f32], m: usize, k: usize) -> Vec<f32> {
         .unwrap()
 }
 
-/// The first index where `a` and `b` differ in any bit, with both values.
-fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x.to_bits() != y.to_bits())
-        .map(|i| (i, a[i], b[i]))
-}
-
 /// Row counts tried: 1..=9 and, where the model allows more, 31 (Q4_K's cap) or 33.
 fn row_counts(cap: usize) -> Vec<usize> {
     let mut r: Vec<usize> = (1..=MAX_ROWS).collect();
@@ -127,7 +100,7 @@ fn every_row_of_a_batched_call_equals_its_one_row_call() {
             let (w, _) = weight(dtype, k, n, 1 + s as u64);
             let counts = row_counts(cap);
             let most = *counts.iter().max().unwrap();
-            let x = random(most * k, 100 + s as u64);
+            let x = outlier_values(most * k, 100 + s as u64);
             let singles: Vec<Vec<f32>> = (0..most)
                 .map(|i| matmul(&w, &x[i * k..(i + 1) * k], 1, k))
                 .collect();
@@ -154,7 +127,7 @@ fn batched_rows_are_close_to_the_dequantized_f32_product() {
     for (dtype, _) in batched_formats() {
         for (s, &(k, n)) in shapes(dtype).iter().enumerate() {
             let (w, deq) = weight(dtype, k, n, 1 + s as u64);
-            let x = random(MAX_ROWS * k, 100 + s as u64);
+            let x = outlier_values(MAX_ROWS * k, 100 + s as u64);
             let out = matmul(&w, &x, MAX_ROWS, k);
             for i in 0..MAX_ROWS {
                 let xr = &x[i * k..(i + 1) * k];
@@ -185,7 +158,7 @@ fn batched_rows_are_close_to_the_dequantized_f32_product() {
 fn the_bitwise_comparison_rejects_a_changed_sum_or_input() {
     let (k, n) = (512, 33);
     let (_, deq) = weight(GgmlDType::Q8_0, k, n, 7);
-    let x = random(k, 8);
+    let x = outlier_values(k, 8);
     let forward: Vec<f32> = (0..n)
         .map(|c| (0..k).map(|j| x[j] * deq[c * k + j]).sum())
         .collect();
@@ -200,7 +173,7 @@ fn the_bitwise_comparison_rejects_a_changed_sum_or_input() {
     for (dtype, _) in batched_formats() {
         let (k, n) = shapes(dtype)[1];
         let (w, _) = weight(dtype, k, n, 2);
-        let x = random(MAX_ROWS * k, 101);
+        let x = outlier_values(MAX_ROWS * k, 101);
         let single = matmul(&w, &x[..k], 1, k);
         // Row 0 with its first value moved by 1/32 of the row's largest magnitude: enough to
         // change its 8-bit code in every activation format.

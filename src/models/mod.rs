@@ -61,6 +61,17 @@ pub const QWEN_0_5B_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 /// File name of Qwen2.5-Coder-1.5B-Instruct (Q4_K_M).
 pub const QWEN_1_5B_FILE: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
+/// The file of a model named as the examples and benches name it: `smollm2`, `qwen-0.5b` or
+/// `qwen-1.5b` in [`models_dir`]; any other name is taken as a path.
+pub fn model_file(name: &str) -> PathBuf {
+    match name {
+        "smollm2" => models_dir().join(SMOLLM2_FILE),
+        "qwen-0.5b" => models_dir().join(QWEN_0_5B_FILE),
+        "qwen-1.5b" => models_dir().join(QWEN_1_5B_FILE),
+        other => PathBuf::from(other),
+    }
+}
+
 /// The directory `examples/fetch-models.sh` fills: `$SPECDEC_MODELS`, else
 /// `$HOME/.cache/specdec/models`.
 pub fn models_dir() -> PathBuf {

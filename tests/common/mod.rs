@@ -457,3 +457,33 @@ pub fn twin_slack(gpu: &Verifier) -> (usize, usize) {
         (1, 3)
     }
 }
+
+/// Deterministic values in `[-1, 1)` with every 37th one ×8, so blocks have outliers that set
+/// their scale (splitmix64).
+pub fn outlier_values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|i| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            if i % 37 == 0 {
+                u * 8.0
+            } else {
+                u
+            }
+        })
+        .collect()
+}
+
+/// The first index where `a` and `b` differ in any bit, with both values.
+pub fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+        .map(|i| (i, a[i], b[i]))
+}
