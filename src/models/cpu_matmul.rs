@@ -126,8 +126,9 @@ impl CpuQ8Matrix {
     }
 
     /// Lays weights out as the type's docs say, tiles in parallel; `block(r, b)` is the scale
-    /// and the 32 int8 values of feature `r`'s block `b`.
-    fn pack(
+    /// and the 32 int8 values of feature `r`'s block `b` (the loader reads GGUF's Q8_0 blocks
+    /// through this).
+    pub(crate) fn pack(
         out_features: usize,
         in_features: usize,
         block: impl Fn(usize, usize) -> (f32, [i8; Q8_BLOCK]) + Sync,

@@ -10,7 +10,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 
 use super::cpu_matmul::{CpuKernel, CpuQ8Matrix};
-use super::gpu::{Q8Matrix, Q8_BLOCK};
+use super::gpu::Q8_BLOCK;
 use candle_core::{Device, Tensor};
 
 use super::error::{CandleContext, ModelError};
@@ -544,22 +544,13 @@ fn cpu_q8(t: &QTensor) -> Result<CpuQ8Matrix, ModelError> {
             message: format!("a {n}×{k} Q8_0 matrix of {} bytes", data.len()),
         });
     }
-    let mut m = Q8Matrix {
-        rows: n,
-        cols: k,
-        qs: Vec::with_capacity(n * k / 4),
-        scales: Vec::with_capacity(n * blocks),
-    };
-    for block in data.chunks_exact(BLOCK_BYTES) {
-        let d = half::f16::from_le_bytes([block[0], block[1]]);
-        m.scales.push(d.to_f32());
-        m.qs.extend(
-            block[2..]
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-        );
-    }
-    Ok(CpuQ8Matrix::from_q8(&m))
+    // Straight into the kernel's layout, in parallel: no intermediate copy of the matrix.
+    let data: &[u8] = &data;
+    Ok(CpuQ8Matrix::pack(n, k, |r, b| {
+        let block = &data[(r * blocks + b) * BLOCK_BYTES..][..BLOCK_BYTES];
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        (d, std::array::from_fn(|c| block[2 + c] as i8))
+    }))
 }
 
 fn dequantize(t: QTensor) -> Result<Tensor, ModelError> {
