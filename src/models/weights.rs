@@ -8,12 +8,11 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-
-use super::cpu_matmul::{CpuKernel, CpuQ8Matrix};
-use super::gpu::Q8_BLOCK;
 use candle_core::{Device, Tensor};
 
+use super::cpu_matmul::{CpuKernel, CpuQ8Matrix};
 use super::error::{CandleContext, ModelError};
+use super::gpu::Q8_BLOCK;
 use super::tokenizer::Tokenizer;
 
 /// The model families this forward pass implements (GGUF `general.architecture`).
