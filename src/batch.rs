@@ -4,9 +4,11 @@
 
 mod checks;
 mod plan;
+mod tree_plan;
 
 pub(crate) use checks::check_rows;
 pub(crate) use plan::{Plan, Shape};
+pub(crate) use tree_plan::{TreePlan, TreeShape};
 
 use crate::error::Error;
 use crate::layout::*;

@@ -47,6 +47,14 @@ pub enum Error {
         /// Length of `draft_token_ids`.
         got: usize,
     },
+    /// A tree request is malformed (see [`crate::tree::TreeDefect`]); found on the host before
+    /// any work.
+    InvalidTree {
+        /// Index of the request.
+        request: usize,
+        /// What is wrong with it.
+        defect: crate::tree::TreeDefect,
+    },
     /// A draft id is ≥ vocab_size or < −1.
     TokenOutOfRange {
         /// Index into `draft_token_ids`.
@@ -174,6 +182,9 @@ impl fmt::Display for Error {
             ),
             Error::InvalidSampling { request, reason } => {
                 write!(f, "request {request}: {reason}")
+            }
+            Error::InvalidTree { request, defect } => {
+                write!(f, "tree request {request}: {defect}")
             }
             Error::DraftIdCount { expected, got } => write!(
                 f,

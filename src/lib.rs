@@ -44,6 +44,7 @@ pub mod models;
 pub mod rng;
 pub mod speculative;
 pub mod synthetic;
+pub mod tree;
 mod verifier;
 
 // Public for the shader tests (WGSL struct layouts against the `#[repr(C)]` mirrors, naga

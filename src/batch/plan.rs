@@ -193,7 +193,7 @@ fn request_flags(req: &Request, fault_bits: u32) -> u32 {
 
 /// The `ReqInfo` of a checked request under `seed`; its row, draft and output offsets are left
 /// 0 for the caller, which knows where the request sits in the batch.
-fn req_info(req: &Request, fault_bits: u32, seed: u64) -> ReqInfo {
+pub(super) fn req_info(req: &Request, fault_bits: u32, seed: u64) -> ReqInfo {
     let greedy = req.params.temperature == 0.0;
     let filters = req.params.filters();
     let inv_temperature = if greedy {

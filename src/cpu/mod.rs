@@ -7,6 +7,7 @@ pub mod cutoff;
 pub mod gather_rows;
 pub mod residual_argmax;
 pub mod row_stats;
+pub mod tree;
 pub mod verify;
 
 use crate::batch::Plan;
@@ -58,13 +59,15 @@ pub(crate) fn row_cuts(plan: &Plan, cuts: &[f32], g: usize) -> (f32, f32) {
     (cuts[g], dcut)
 }
 
-/// The inputs of one row of the statistics pass.
+/// The inputs of one row of the statistics pass. `raw` is the batch's `PARAM_RAW` (every row
+/// keeps the raw sums when some request asks for raw logprobs), computed once per batch by the
+/// caller: it scans every request.
 pub(crate) fn row_input<'a>(
     plan: &Plan,
     g: usize,
     target: &'a [f32],
     draft: Option<&'a [f32]>,
-    cuts: &[f32],
+    (cuts, raw): (&[f32], bool),
 ) -> RowInput<'a> {
     let (cut, dcut) = row_cuts(plan, cuts, g);
     let v = plan.vocab as usize;
@@ -93,7 +96,7 @@ pub(crate) fn row_input<'a>(
         cut,
         dcut,
         draft_is_logits: plan.draft_kind == DRAFT_LOGITS,
-        raw: plan.logprob_flags() & PARAM_RAW != 0,
+        raw,
         ent: info.flags & REQ_TYPICAL != 0,
     }
 }
@@ -111,9 +114,10 @@ pub(crate) fn run(
     let dv = plan.draft_vocab as usize;
     let cuts = cutoffs(plan, target, draft);
     let mut stats = vec![RowStats::default(); plan.total_rows];
+    let raw = plan.logprob_flags() & PARAM_RAW != 0;
     parallel_chunks(&mut stats, shape.threads, |first, chunk| {
         for (i, st) in chunk.iter_mut().enumerate() {
-            let input = row_input(plan, first + i, target, draft, &cuts);
+            let input = row_input(plan, first + i, target, draft, (&cuts, raw));
             *st = row_stats::row(&input);
         }
     });
@@ -192,7 +196,11 @@ pub(crate) fn run(
 }
 
 /// Applies `f(first_index, chunk)` to `threads` contiguous chunks of `items` in parallel.
-fn parallel_chunks<T: Send>(items: &mut [T], threads: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+pub(crate) fn parallel_chunks<T: Send>(
+    items: &mut [T],
+    threads: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
     let threads = threads.max(1).min(items.len().max(1));
     if threads == 1 {
         f(0, items);

@@ -36,21 +36,61 @@ pub fn candidate(
     st: &RowStats,
     target: &[f32],
     draft: Option<&[f32]>,
+    cuts: (f32, f32),
+) -> Candidate {
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
+    let excluded = [task.draft_token];
+    let race = Race {
+        pos: row_position(info.position(), task.local_row),
+        stream: stream_of(info, task),
+        // ρ scales p before q is subtracted (block residual); 1 otherwise, which changes nothing.
+        rho: if task.kind == TASK_BLOCK_RESIDUAL {
+            st.rho
+        } else {
+            1.0
+        },
+        draft: if use_q { draft } else { None },
+        excluded: if task.kind == TASK_ONE_HOT_RESIDUAL {
+            &excluded
+        } else {
+            &[]
+        },
+    };
+    race_row(plan, info, st, target, &race, cuts)
+}
+
+/// What one exponential race samples from, beyond the row and its statistics: the residual is
+/// `max(ρ p − q, 0)` when `draft` holds the q row, else `p` with the `excluded` tokens removed.
+/// Chains describe it by their task ([`candidate`]); trees (`cpu::tree`) by the node where the
+/// walk stopped, whose rejected children may be several tokens.
+pub(crate) struct Race<'a> {
+    /// The row's counter position (SPEC §5).
+    pub pos: [u32; 2],
+    /// `STREAM_RESIDUAL` or `STREAM_BONUS` (`STREAM_ACCEPT` only for the shared-noise fault).
+    pub stream: u32,
+    /// Scale of p before q is subtracted.
+    pub rho: f32,
+    /// The draft row (probabilities or logits per `plan.draft_kind`) to subtract, if any.
+    pub draft: Option<&'a [f32]>,
+    /// Tokens whose residual weight is 0, ascending (rejected siblings without a distribution).
+    pub excluded: &'a [i32],
+}
+
+/// The best candidate of the race over `target` described by `race`.
+pub(crate) fn race_row(
+    plan: &Plan,
+    info: &ReqInfo,
+    st: &RowStats,
+    target: &[f32],
+    race: &Race<'_>,
     (cut, dcut): (f32, f32),
 ) -> Candidate {
     let inv_t = info.inv_temperature;
-    let pos = row_position(info.position(), task.local_row);
-    let stream = stream_of(info, task);
-    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
-    // ρ scales p before q is subtracted (block residual); 1 otherwise, which changes nothing.
-    let rho = if task.kind == TASK_BLOCK_RESIDUAL {
-        st.rho
-    } else {
-        1.0
-    };
     let q_logits = plan.draft_kind == DRAFT_LOGITS;
     let mut best = Candidate::default();
     let mut words = [0u32; 4];
+    // The next excluded token not yet passed: one comparison per entry however many there are.
+    let mut next_excluded = race.excluded.iter().copied().filter(|&t| t >= 0).peekable();
     // One division per row, as the kernel does.
     let (inv_sum, inv_qsum) = (1.0 / st.t_sum, 1.0 / st.q_sum);
     for (y, &l_raw) in target.iter().enumerate() {
@@ -61,25 +101,24 @@ pub fn candidate(
             l_raw
         };
         if y % 4 == 0 {
-            words = random_words(info.seed(), pos, stream, (y / 4) as u32);
+            words = random_words(info.seed(), race.pos, race.stream, (y / 4) as u32);
         }
         let p = ((l - st.t_max) * inv_t).exp() * inv_sum;
         let mut res = p;
-        if use_q {
+        if let Some(draft) = race.draft {
             let mut q = 0.0;
-            if let Some(draft) = draft {
-                if y < plan.draft_vocab as usize {
-                    let v = draft[y];
-                    q = if q_logits {
-                        let v = if v < dcut { f32::NEG_INFINITY } else { v };
-                        ((v - st.q_max) * inv_t).exp() * inv_qsum
-                    } else {
-                        sanitize_prob(v)
-                    };
-                }
+            if y < plan.draft_vocab as usize {
+                let v = draft[y];
+                q = if q_logits {
+                    let v = if v < dcut { f32::NEG_INFINITY } else { v };
+                    ((v - st.q_max) * inv_t).exp() * inv_qsum
+                } else {
+                    sanitize_prob(v)
+                };
             }
-            res = (rho * p - q).max(0.0);
-        } else if task.kind == TASK_ONE_HOT_RESIDUAL && y as i32 == task.draft_token {
+            res = (race.rho * p - q).max(0.0);
+        } else if next_excluded.peek() == Some(&(y as i32)) {
+            next_excluded.next();
             res = 0.0;
         }
         // e ≥ w: a key r/e can only beat the best B if r > B·w (the kernel's rule).
