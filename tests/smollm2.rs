@@ -396,3 +396,121 @@ fn speculative_greedy_with_layer_skip_draft_equals_plain_greedy() {
     // The target's cache holds the sequence minus the last emitted token (fed next step).
     assert!(target.models[0].len() < prompt.len() + new_tokens);
 }
+
+/// A tree forward scores each node as a chain forward of its path would (bit for bit: every
+/// position runs with a one-token step's shapes), and `keep_path` leaves the cache a chain
+/// forward of the accepted path would leave.
+#[test]
+fn tree_forward_rows_equal_their_paths_chain_rows() {
+    let w = weights();
+    let tok = w.tokenizer();
+    let prompt = tok.encode("fn main() {");
+    let a = tok.encode(" let x = 1;");
+    let b = tok.encode(" println!");
+    // Root (the last prompt token) ─┬─ a0 ─ a1 ─ a2
+    //                               └─ b0 ─ b1
+    let root = *prompt.last().unwrap();
+    let tokens = [root, a[0], b[0], a[1], b[1], a[2]];
+    let parents = [-1, 0, 0, 1, 2, 3];
+    let mut m = Model::new(w.clone());
+    m.forward(&prompt[..prompt.len() - 1]).unwrap();
+    let base = m.len();
+    let tree = m.forward_tree(&tokens, &parents).unwrap();
+    assert_eq!(m.len(), base + tokens.len());
+    let vocab = m.vocab_size();
+    let row = |i: usize| &tree[i * vocab..(i + 1) * vocab];
+    let mut chain = Model::new(w.clone());
+    chain.forward(&prompt[..prompt.len() - 1]).unwrap();
+    let path_a = chain.forward(&[root, a[0], a[1], a[2]]).unwrap();
+    chain.truncate(base).unwrap();
+    let path_b = chain.forward(&[root, b[0], b[1]]).unwrap();
+    for (tree_row, chain_row) in [(0, 0), (1, 1), (3, 2), (5, 3)] {
+        let d = max_abs_diff(
+            row(tree_row),
+            &path_a[chain_row * vocab..(chain_row + 1) * vocab],
+        );
+        assert!(d <= SPLIT_TOLERANCE, "path a, tree row {tree_row}: {d}");
+    }
+    for (tree_row, chain_row) in [(2, 1), (4, 2)] {
+        let d = max_abs_diff(
+            row(tree_row),
+            &path_b[chain_row * vocab..(chain_row + 1) * vocab],
+        );
+        assert!(d <= SPLIT_TOLERANCE, "path b, tree row {tree_row}: {d}");
+    }
+    // Negative control: rows of different paths differ (the comparison can fail).
+    assert!(max_abs_diff(row(3), &path_b[2 * vocab..3 * vocab]) > 1.0);
+
+    // Keep root → b0 → b1; the next token's row equals the chain's after the same path.
+    m.keep_path(base, &[0, 2, 4]).unwrap();
+    assert_eq!(m.len(), base + 3);
+    let next = m.forward(&[a[0]]).unwrap();
+    let want = chain.forward(&[a[0]]).unwrap();
+    let d = max_abs_diff(&next, &want);
+    assert!(d <= SPLIT_TOLERANCE, "after keep_path: {d}");
+    // Bad trees and paths are typed errors, and leave the sequence as it was.
+    let len = m.len();
+    assert!(matches!(
+        m.forward_tree(&[1, 2], &[-1, 1]),
+        Err(ModelError::BadTree { .. })
+    ));
+    assert!(matches!(
+        m.forward_tree(&[1, 2], &[-1]),
+        Err(ModelError::BadTree { .. })
+    ));
+    assert!(matches!(
+        m.keep_path(len - 2, &[1, 0]),
+        Err(ModelError::BadTree { .. })
+    ));
+    assert_eq!(m.len(), len);
+}
+
+/// Tree speculation with n-gram trees emits exactly the plain greedy text (greedy is the
+/// exactness oracle end to end), and on a prompt that repeats itself a tree yields at least as
+/// many tokens per target call as its first-child chain.
+#[test]
+fn greedy_tree_decoding_equals_plain_decoding() {
+    use specdec::models::{generate_tree, TreeGenOptions};
+    use specdec::speculative::NgramTreeProposer;
+    let w = weights();
+    let tok = w.tokenizer();
+    let prompt = tok.encode(
+        "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    \
+         return total / len(values)\n\n# The same, with `total` renamed to `acc`:\n\
+         def mean(values):\n    acc = 0\n",
+    );
+    let mut m = Model::new(w.clone());
+    let opts = |proposer| TreeGenOptions {
+        max_new_tokens: 24,
+        params: specdec::SamplingParams::greedy(),
+        proposer,
+        depth: 6,
+        verify_threads: 1,
+    };
+    let plain = generate_tree(&mut m, &prompt, &opts(None)).unwrap();
+    let chain = NgramTreeProposer::new(1, 3, 1, 64).unwrap();
+    let tree = NgramTreeProposer::new(1, 3, 8, 64).unwrap();
+    let by_chain = generate_tree(&mut m, &prompt, &opts(Some(chain))).unwrap();
+    let by_tree = generate_tree(&mut m, &prompt, &opts(Some(tree))).unwrap();
+    assert_eq!(plain.target_calls, 24);
+    assert_eq!(
+        by_chain.tokens,
+        plain.tokens,
+        "{}",
+        tok.decode(&by_chain.tokens)
+    );
+    assert_eq!(
+        by_tree.tokens,
+        plain.tokens,
+        "{}",
+        tok.decode(&by_tree.tokens)
+    );
+    println!(
+        "tokens per call: chain {:.2}, tree {:.2} ({} nodes scored)",
+        by_chain.tokens_per_call(),
+        by_tree.tokens_per_call(),
+        by_tree.nodes_scored
+    );
+    assert!(by_chain.target_calls < plain.target_calls);
+    assert!(by_tree.target_calls <= by_chain.target_calls);
+}

@@ -80,6 +80,12 @@ pub enum ModelError {
         /// Tokens appended.
         tokens: usize,
     },
+    /// `forward_tree` got a parent that is not an earlier new token (nor −1), or a parent list
+    /// whose length differs from the tokens'; `keep_path` got slots not on one path.
+    BadTree {
+        /// What was wrong.
+        message: String,
+    },
     /// A layer-skip draft asked for no layers or more layers than the model has.
     BadLayerCount {
         /// Asked for.
@@ -137,6 +143,7 @@ impl fmt::Display for ModelError {
                 f,
                 "forward_last: asked for {rows} rows of {tokens} tokens; ask for 1..={tokens}"
             ),
+            Self::BadTree { message } => write!(f, "tree forward: {message}"),
             Self::BadLayerCount {
                 requested,
                 available,

@@ -37,6 +37,7 @@ mod gpu;
 mod model;
 mod speculative;
 mod tokenizer;
+mod tree_decode;
 mod weights;
 
 use std::path::PathBuf;
@@ -52,6 +53,7 @@ pub use gpu::{
 pub use model::Model;
 pub use speculative::GreedyDraft;
 pub use tokenizer::{PreTokenizer, Tokenizer};
+pub use tree_decode::{generate_tree, TreeGenOptions, TreeGeneration};
 pub use weights::{Architecture, Config, LoadOptions, MatmulKernel, RopeStyle, Weights};
 
 /// File name of SmolLM2-135M-Instruct (Q4_1) in the models directory.

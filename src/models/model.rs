@@ -134,14 +134,92 @@ impl Model {
                 tokens: tokens.len(),
             });
         }
-        let logits = self.forward_tensor(tokens, rows)?;
+        let chain: Vec<i32> = (-1..tokens.len() as i32 - 1).collect();
+        let logits = self.forward_tensor(tokens, rows, &chain)?;
         logits
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
             .ctx("reading the logits back")
     }
 
-    fn forward_tensor(&mut self, tokens: &[u32], rows: usize) -> Result<Tensor, ModelError> {
+    /// Appends a **tree** of tokens and returns the logits of every one, `[tokens.len() ×
+    /// vocab_size()]`, for tree verification ([`crate::tree`]): new token `i` hangs below new
+    /// token `parents[i]` (an earlier one), or below the cached sequence for −1. Token `i` sits at
+    /// position `len() + depth(i)` (the −1 tokens at `len()`) and attends to the cache and to its
+    /// own ancestors only, so row `i` is the next-token distribution after the path to `i`:
+    /// the same values a chain forward of that path gives (bit for bit where the forward is
+    /// split-invariant, see `LoadOptions::split_invariant`). The cache then holds every new
+    /// token; [`Model::keep_path`] keeps the accepted path's.
+    pub fn forward_tree(
+        &mut self,
+        tokens: &[u32],
+        parents: &[i32],
+    ) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if parents.len() != tokens.len() {
+            return Err(ModelError::BadTree {
+                message: format!("{} parents for {} tokens", parents.len(), tokens.len()),
+            });
+        }
+        if let Some(i) = (0..parents.len()).find(|&i| parents[i] < -1 || parents[i] >= i as i32) {
+            return Err(ModelError::BadTree {
+                message: format!(
+                    "token {i} has parent {}; a parent is −1 or an earlier token",
+                    parents[i]
+                ),
+            });
+        }
+        let logits = self.forward_tensor(tokens, tokens.len(), parents)?;
+        logits
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .ctx("reading the logits back")
+    }
+
+    /// After [`Model::forward_tree`] appended `len() − base` tokens at `base..`, keeps the cache
+    /// up to `base` and the new tokens `path` (indices into that call's tokens, a root-to-node
+    /// path in increasing order), which then sit at `base..base + path.len()`.
+    pub fn keep_path(&mut self, base: usize, path: &[usize]) -> Result<(), ModelError> {
+        let appended = self
+            .len
+            .checked_sub(base)
+            .ok_or(ModelError::TruncateBeyondLength {
+                requested: base,
+                len: self.len,
+            })?;
+        if path.windows(2).any(|w| w[0] >= w[1]) || path.last().is_some_and(|&l| l >= appended) {
+            return Err(ModelError::BadTree {
+                message: format!("keep_path {path:?} is not increasing within {appended} tokens"),
+            });
+        }
+        if path.iter().enumerate().all(|(i, &s)| i == s) {
+            return self.truncate(base + path.len());
+        }
+        let keep: Vec<u32> = (0..base as u32)
+            .chain(path.iter().map(|&s| (base + s) as u32))
+            .collect();
+        let device = &self.weights.device;
+        let keep = Tensor::from_vec(keep, path.len() + base, device).ctx("building the path")?;
+        for c in &mut self.cache {
+            c.k = c.k.index_select(&keep, 1).ctx("keeping the path's keys")?;
+            c.v =
+                c.v.index_select(&keep, 1)
+                    .ctx("keeping the path's values")?;
+        }
+        self.len = base + path.len();
+        Ok(())
+    }
+
+    /// The forward of new tokens hanging below each other as `parents` says (−1: below the
+    /// cache; a chain is `[−1, 0, 1, …]`), returning the last `rows` rows' logits.
+    fn forward_tensor(
+        &mut self,
+        tokens: &[u32],
+        rows: usize,
+        parents: &[i32],
+    ) -> Result<Tensor, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
@@ -168,8 +246,10 @@ impl Model {
 
         let ids = Tensor::from_slice(tokens, t, &w.device).ctx("uploading token ids")?;
         let mut x = w.embedding.embedding(&ids).ctx("looking up embeddings")?;
-        let (cos, sin) = rope_tables(start, t, hd, cfg.rope_theta, &w.device)?;
-        let mask = causal_mask(start, t, group, &w.device)?;
+        let ancestors = Ancestors::new(parents);
+        let positions: Vec<usize> = ancestors.depth.iter().map(|&d| start + d).collect();
+        let (cos, sin) = rope_tables(&positions, hd, cfg.rope_theta, &w.device)?;
+        let mask = ancestor_mask(start, &ancestors, group, &w.device)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let rows_mode = if !w.split_invariant {
             MatmulRows::Batched
@@ -205,7 +285,11 @@ impl Model {
             // `kv·group + g` reads kv head `kv`, so the `group` query heads of one kv head are
             // stacked as rows against that head's keys.
             let attn = if w.split_invariant && t > 1 {
-                attention_per_position(&q, &k, &v, start, kv_heads, group, scale)
+                let kv = KeysOf {
+                    start,
+                    ancestors: &ancestors,
+                };
+                attention_per_position(&q, &k, &v, &kv, kv_heads, group, scale)
             } else {
                 (|| {
                     let q = q.reshape((kv_heads, group * t, hd))?;
@@ -252,31 +336,96 @@ impl ForwardQ for candle_core::quantized::QMatMul {
     }
 }
 
+/// Who new token `i` attends to: the `start` cached positions and its ancestors among the new
+/// tokens (itself included), in position order.
+struct Ancestors {
+    /// Parent of each new token (−1: the cache).
+    parents: Vec<i32>,
+    /// Depth of each new token below the cache (a chain: 0, 1, 2, …).
+    depth: Vec<usize>,
+}
+
+impl Ancestors {
+    /// From checked parents (each −1 or an earlier index).
+    fn new(parents: &[i32]) -> Ancestors {
+        let mut depth: Vec<usize> = Vec::with_capacity(parents.len());
+        for &p in parents {
+            depth.push(if p < 0 { 0 } else { depth[p as usize] + 1 });
+        }
+        Ancestors {
+            parents: parents.to_vec(),
+            depth,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.parents.len()
+    }
+
+    /// Token `i`'s path is `0..=i` (always so in a chain): its `depth(i)` strict ancestors all
+    /// have smaller indices, so depth `i` leaves no room for others.
+    fn is_prefix(&self, i: usize) -> bool {
+        self.depth[i] == i
+    }
+
+    /// Token `i`'s ancestors, root first, itself last.
+    fn path(&self, i: usize) -> Vec<usize> {
+        let mut path = vec![0; self.depth[i] + 1];
+        let mut a = i as i32;
+        for slot in path.iter_mut().rev() {
+            *slot = a as usize;
+            a = self.parents[a as usize];
+        }
+        path
+    }
+}
+
+/// The keys new token `i` reads in [`attention_per_position`].
+struct KeysOf<'a> {
+    start: usize,
+    ancestors: &'a Ancestors,
+}
+
 /// Attention for each new position on its own, with exactly the shapes of a one-token forward at
-/// that position (`group` query rows against the `position + 1` cached keys, copied contiguous),
-/// so the float summation order, and hence every bit of the result, does not depend on how many
-/// tokens were fed together. Why it matters: quantized matmuls round their input to 8 bits, so a
-/// last-bit difference here can flip a rounding and grow through the layers (measured on Qwen
-/// 0.5B: logits 0.3–0.6 apart without this).
+/// that position (`group` query rows against its `position + 1` keys, copied contiguous), so the
+/// float summation order, and hence every bit of the result, does not depend on how many
+/// tokens were fed together, nor on whether they came as a chain or as one path of a tree. Why
+/// it matters: quantized matmuls round their input to 8 bits, so a last-bit difference here can
+/// flip a rounding and grow through the layers (measured on Qwen 0.5B: logits 0.3–0.6 apart
+/// without this).
 fn attention_per_position(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    start: usize,
+    keys: &KeysOf<'_>,
     kv_heads: usize,
     group: usize,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
     let (heads, t, hd) = q.dims3()?;
+    let start = keys.start;
     let mut rows = Vec::with_capacity(t);
     for i in 0..t {
-        let len = start + i + 1;
+        let anc = keys.ancestors;
+        let len = start + anc.depth[i] + 1;
         let qi = q
             .narrow(1, i, 1)?
             .contiguous()?
             .reshape((kv_heads, group, hd))?;
-        let ki = k.narrow(1, 0, len)?.contiguous()?;
-        let vi = v.narrow(1, 0, len)?.contiguous()?;
+        // A path of consecutive new tokens from the first (every chain) is a prefix view;
+        // otherwise the path's keys are gathered, in the same order.
+        let (ki, vi) = if anc.is_prefix(i) {
+            (
+                k.narrow(1, 0, len)?.contiguous()?,
+                v.narrow(1, 0, len)?.contiguous()?,
+            )
+        } else {
+            let idx: Vec<u32> = (0..start as u32)
+                .chain(anc.path(i).iter().map(|&a| (start + a) as u32))
+                .collect();
+            let idx = Tensor::from_vec(idx, len, k.device())?;
+            (k.index_select(&idx, 1)?, v.index_select(&idx, 1)?)
+        };
         let probs = softmax_last(&(qi.matmul(&ki.t()?)? * scale)?)?;
         rows.push(probs.matmul(&vi)?.reshape((1, heads * hd))?);
     }
@@ -382,20 +531,20 @@ fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
     e.broadcast_div(&sum)
 }
 
-/// `cos` and `sin` of `position · θ^(−2i/d)` for the `t` positions from `start`, `[t, d/2]`.
+/// `cos` and `sin` of `position · θ^(−2i/d)` for each of `positions`, `[t, d/2]`.
 /// Computed in f64 and rounded once, so a position's angle does not depend on how the sequence
 /// was split into forward calls.
 fn rope_tables(
-    start: usize,
-    t: usize,
+    positions: &[usize],
     hd: usize,
     theta: f64,
     device: &candle_core::Device,
 ) -> Result<(Tensor, Tensor), ModelError> {
     let half = hd / 2;
+    let t = positions.len();
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
-    for p in start..start + t {
+    for &p in positions {
         for i in 0..half {
             let angle = p as f64 * theta.powf(-2.0 * i as f64 / hd as f64);
             cos.push(angle.cos() as f32);
@@ -436,21 +585,27 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> Result<Tens
     .ctx("applying rope")
 }
 
-/// Additive causal mask `[group·t, start + t]`: row `g·t + i` (query position `start + i`) sees
-/// keys `0..=start + i`.
-fn causal_mask(
+/// Additive mask `[group·t, start + t]`: row `g·t + i` (new token `i`) sees the `start` cached
+/// keys and its ancestors' (itself included); for a chain that is keys `0..=start + i`.
+fn ancestor_mask(
     start: usize,
-    t: usize,
+    ancestors: &Ancestors,
     group: usize,
     device: &candle_core::Device,
 ) -> Result<Tensor, ModelError> {
+    let t = ancestors.len();
     let total = start + t;
     let mut m = vec![0f32; group * t * total];
     for g in 0..group {
         for i in 0..t {
             let row = &mut m[(g * t + i) * total..(g * t + i + 1) * total];
-            for v in &mut row[start + i + 1..] {
-                *v = f32::NEG_INFINITY;
+            if ancestors.is_prefix(i) {
+                row[start + i + 1..].fill(f32::NEG_INFINITY);
+            } else {
+                row[start..].fill(f32::NEG_INFINITY);
+                for a in ancestors.path(i) {
+                    row[start + a] = 0.0;
+                }
             }
         }
     }

@@ -36,7 +36,7 @@ pub use decoder::{DecoderConfig, GenRequest, Generation, SpecDecoder, StopReason
 pub use draft::{DraftModel, DraftModelProposer};
 pub use gather_rows::{gather_rows_cpu, GatherRows};
 pub use metrics::Metrics;
-pub use ngram::NgramProposer;
+pub use ngram::{NgramProposer, NgramTreeProposer};
 pub use scorer::{
     BatchExpansion, ExpansionLayout, Query, ScoreInput, SequenceModel, Sequences, SingleQueryModel,
     TargetModel,

@@ -88,3 +88,119 @@ impl Proposer for NgramProposer {
         Ok(())
     }
 }
+
+/// Prompt-lookup proposer that drafts a **tree**: the continuations of several earlier
+/// occurrences of the suffix, merged into a trie, so one target call can keep whichever of them
+/// the target agrees with (verified by [`crate::tree`] with children given without a
+/// distribution: siblings are distinct by construction).
+///
+/// **Match rule.** The n-gram size is [`NgramProposer`]'s (the longest `n` from `n_max` down to
+/// `n_min` with an earlier occurrence). Its occurrences are taken most recent first, at most
+/// `max_matches` of them; each contributes the up to `depth` tokens that followed it (cut at the
+/// end of the sequence), inserted into the trie below the root (the last token). A node's
+/// children are in first-insertion order, so the most recent occurrence's continuation is the
+/// first-child path: the tree contains [`NgramProposer`]'s chain and can only accept more. The
+/// trie stops growing at `max_nodes` nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramTreeProposer {
+    chain: NgramProposer,
+    max_matches: usize,
+    max_nodes: usize,
+}
+
+impl NgramTreeProposer {
+    /// A tree proposer over n-gram sizes `n_max` down to `n_min`, merging at most `max_matches`
+    /// occurrences into at most `max_nodes` nodes (both ≥ 1; `max_nodes` ≤
+    /// [`crate::tree::MAX_TREE_NODES`]).
+    pub fn new(
+        n_min: usize,
+        n_max: usize,
+        max_matches: usize,
+        max_nodes: usize,
+    ) -> Result<Self, SpecError> {
+        let chain = NgramProposer::new(n_min, n_max)?;
+        if max_matches == 0 || max_nodes == 0 || max_nodes > crate::tree::MAX_TREE_NODES as usize {
+            return Err(SpecError::Invalid(format!(
+                "n-gram tree with max_matches = {max_matches}, max_nodes = {max_nodes}: need \
+                 max_matches ≥ 1 and 1 ≤ max_nodes ≤ {}",
+                crate::tree::MAX_TREE_NODES
+            )));
+        }
+        Ok(NgramTreeProposer {
+            chain,
+            max_matches,
+            max_nodes,
+        })
+    }
+
+    /// Writes the tree for `tokens` (continuations at most `depth` long) into `out`, cleared
+    /// first; empty when nothing matches or `depth` is 0. Nodes are in topological order.
+    pub fn propose_into(&self, tokens: &[u32], depth: usize, out: &mut Vec<crate::tree::TreeNode>) {
+        out.clear();
+        let Some((n, _)) = self.chain.find(tokens) else {
+            return;
+        };
+        if depth == 0 {
+            return;
+        }
+        let len = tokens.len();
+        let suffix = &tokens[len - n..];
+        let starts = (0..len - n)
+            .rev()
+            .filter(|&s| &tokens[s..s + n] == suffix)
+            .take(self.max_matches);
+        for s in starts {
+            let mut parent = -1i32;
+            for &t in &tokens[s + n..(s + n + depth).min(len)] {
+                let token = t as i32;
+                match out
+                    .iter()
+                    .position(|v| v.parent == parent && v.token == token)
+                {
+                    Some(v) => parent = v as i32,
+                    None if out.len() < self.max_nodes => {
+                        out.push(crate::tree::TreeNode { token, parent });
+                        parent = out.len() as i32 - 1;
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::TreeNode;
+
+    fn tree(p: &NgramTreeProposer, tokens: &[u32], depth: usize) -> Vec<(i32, i32)> {
+        let mut out = Vec::new();
+        p.propose_into(tokens, depth, &mut out);
+        out.iter().map(|n: &TreeNode| (n.token, n.parent)).collect()
+    }
+
+    #[test]
+    fn occurrences_merge_into_a_trie_most_recent_first() {
+        let p = NgramTreeProposer::new(1, 2, 8, 64).unwrap();
+        // Suffix "1 2" occurs at 0 (then 3 4), at 4 (then 3 5) and at 8 (then 7): most recent
+        // first, 7 is the first child; 3 4 and 3 5 share their 3.
+        let t = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 7, 1, 2];
+        assert_eq!(
+            tree(&p, &t, 2),
+            vec![(7, -1), (1, 0), (3, -1), (5, 2), (4, 2)]
+        );
+        // The first-child path is the chain proposer's proposal.
+        assert_eq!(p.chain.lookup(&t, 2), &[7, 1]);
+        // max_matches = 1: the chain alone; max_nodes caps the trie.
+        let one = NgramTreeProposer::new(1, 2, 1, 64).unwrap();
+        assert_eq!(tree(&one, &t, 3), vec![(7, -1), (1, 0), (2, 1)]);
+        let small = NgramTreeProposer::new(1, 2, 8, 3).unwrap();
+        assert_eq!(tree(&small, &t, 2), vec![(7, -1), (1, 0), (3, -1)]);
+        // No match, or depth 0: empty.
+        assert!(tree(&p, &[1, 2, 3], 4).is_empty());
+        assert!(tree(&p, &t, 0).is_empty());
+        assert!(NgramTreeProposer::new(1, 2, 0, 4).is_err());
+        assert!(NgramTreeProposer::new(1, 2, 4, 2000).is_err());
+    }
+}
