@@ -42,6 +42,10 @@ use specdec::models::{
 use specdec::speculative::NgramProposer;
 use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
 
+#[path = "common/prompts.rs"]
+mod prompts;
+use prompts::prompt_text;
+
 fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; this harness has no use for it.
     let args: Vec<String> = std::env::args()
@@ -186,26 +190,6 @@ fn load(name: &str, seed: u64, verifier: &Verifier) -> Result<Loaded, Box<dyn st
     Ok(Loaded {
         gpu: Arc::new(gpu),
         weights: Some(w),
-    })
-}
-
-/// The prompts: a code-editing request that repeats its input (n-gram drafts pay there), a
-/// function to complete, and prose.
-fn prompt_text(name: &str) -> Result<&'static str, String> {
-    Ok(match name {
-        "code-edit" => {
-            "def mean(values):\n    total = 0\n    count = 0\n    for v in values:\n        \
-             total += v\n        count += 1\n    if count == 0:\n        return 0.0\n    \
-             return total / count\n\n\n# The same function, with `total` renamed to `acc`:\n\
-             def mean(values):\n    acc = 0\n"
-        }
-        "python" => "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-        "prose" => "The history of the printing press begins",
-        other => {
-            return Err(format!(
-                "unknown prompt {other:?}: code-edit, python or prose"
-            ))
-        }
     })
 }
 

@@ -94,13 +94,14 @@ impl Proposer for NgramProposer {
 /// the target agrees with (verified by [`crate::tree`] with children given without a
 /// distribution: siblings are distinct by construction).
 ///
-/// **Match rule.** The n-gram size is [`NgramProposer`]'s (the longest `n` from `n_max` down to
-/// `n_min` with an earlier occurrence). Its occurrences are taken most recent first, at most
-/// `max_matches` of them; each contributes the up to `depth` tokens that followed it (cut at the
-/// end of the sequence), inserted into the trie below the root (the last token). A node's
-/// children are in first-insertion order, so the most recent occurrence's continuation is the
-/// first-child path: the tree contains [`NgramProposer`]'s chain and can only accept more. The
-/// trie stops growing at `max_nodes` nodes.
+/// **Match rule.** Occurrences are taken for the n-gram sizes from [`NgramProposer`]'s (the
+/// longest `n` from `n_max` down to `n_min` with an earlier occurrence) down to `n_min`, for each
+/// size most recent first, skipping a continuation already taken, at most `max_matches` in all;
+/// each contributes the up to `depth` tokens that followed it (cut at the end of the sequence),
+/// inserted into the trie below the root (the last token). A node's children are in
+/// first-insertion order, so the first occurrence's continuation is the first-child path: the
+/// tree contains [`NgramProposer`]'s chain and can only accept more. The trie stops growing at
+/// `max_nodes` nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramTreeProposer {
     chain: NgramProposer,
@@ -144,14 +145,23 @@ impl NgramTreeProposer {
             return;
         }
         let len = tokens.len();
-        let suffix = &tokens[len - n..];
-        let starts = (0..len - n)
-            .rev()
-            .filter(|&s| &tokens[s..s + n] == suffix)
-            .take(self.max_matches);
-        for s in starts {
+        // Continuations by where they start: the longest n-gram's occurrences first, most
+        // recent first, then shorter n-grams' (their matches are weaker but differ more).
+        let mut starts: Vec<usize> = Vec::with_capacity(self.max_matches);
+        for m in (self.chain.n_min..=n).rev() {
+            let suffix = &tokens[len - m..];
+            for s in (0..len - m).rev() {
+                if starts.len() == self.max_matches {
+                    break;
+                }
+                if &tokens[s..s + m] == suffix && !starts.contains(&(s + m)) {
+                    starts.push(s + m);
+                }
+            }
+        }
+        for start in starts {
             let mut parent = -1i32;
-            for &t in &tokens[s + n..(s + n + depth).min(len)] {
+            for &t in &tokens[start..(start + depth).min(len)] {
                 let token = t as i32;
                 match out
                     .iter()
@@ -197,6 +207,11 @@ mod tests {
         assert_eq!(tree(&one, &t, 3), vec![(7, -1), (1, 0), (2, 1)]);
         let small = NgramTreeProposer::new(1, 2, 8, 3).unwrap();
         assert_eq!(tree(&small, &t, 2), vec![(7, -1), (1, 0), (3, -1)]);
+        // Shorter n-grams add branches after the longest one's: "1 2" occurs once (then 3 1),
+        // "2" also at 1 (then 9 1).
+        let t = [5, 2, 9, 1, 2, 3, 1, 2];
+        assert_eq!(tree(&p, &t, 2), vec![(3, -1), (1, 0), (9, -1), (1, 2)]);
+        assert_eq!(tree(&one, &t, 2), vec![(3, -1), (1, 0)]);
         // No match, or depth 0: empty.
         assert!(tree(&p, &[1, 2, 3], 4).is_empty());
         assert!(tree(&p, &t, 0).is_empty());
