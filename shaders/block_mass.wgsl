@@ -111,3 +111,109 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         masses[row * params.num_chunks + chunk] = sh_sum[0];
     }
 }
+
+// ---- Tree batches (crate::tree; CPU: src/cpu/tree.rs) ----------------------------------------
+//
+// Entry `tree`: one workgroup of 64 per target row (= tree slot) of the window. For a tree batch
+// `row_info` is bound to the tree table and `masses` to the tree values (layouts in
+// src/gpu/tree.rs): per slot g, words 8g .. 8g+7 of the table are (request, depth, first child,
+// child count, token, draft row, 0, 0), and the children (their slots, grouped by parent) follow
+// at word 8·total_rows; the values are 3 floats per slot: its token's logit at its parent's row
+// (under the cut-off), its draft value there (raw probability, or logit under the draft
+// cut-off), and the residual mass its test needs when it is the j-th child (j ≥ 1) of a node
+// whose children were drawn from q. Those masses follow SpecInfer's residual recursion in the
+// form max(ρ_j p − q, 0): ρ_1 = 1, M_j = Σ max(ρ_j p − q, 0), ρ_{j+1} = ρ_j / (1 + M_j). They
+// depend on the row alone, not on the random draws, so they are summed here for every child
+// the walk might test, each in the chunk order above (one chunk after the other), which is the
+// order of the twin's block mass.
+
+var<workgroup> sh_children: u32;
+
+fn tree_word(i: u32) -> u32 {
+    return row_info[i / 4u][i % 4u];
+}
+
+@compute @workgroup_size(64)
+fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let row = params.row_begin + wid.x;
+    let info = requests[tree_word(8u * row)];
+    let child_begin = tree_word(8u * row + 2u);
+    let child_count = tree_word(8u * row + 3u);
+    let q_row = tree_word(8u * row + 5u);
+    let st = row_stats[row];
+    let has_q = q_row != NO_INDEX && params.draft_kind != DRAFT_NONE;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    var ctx = MassCtx(
+        params.t_elem_base + (row - params.row_begin) * params.vocab, 0u,
+        st.t_max, 1.0 / st.t_sum, st.q_max, 1.0 / st.q_sum, info.inv_temperature, 1.0, ninf, ninf);
+    if (has_q) {
+        ctx.d_base = params.d_elem_base + (q_row - params.d_row_begin) * params.draft_vocab;
+    }
+    if ((params.flags & PARAM_CUTOFF) != 0u) {
+        ctx.cut = cutoffs[row];
+        if (has_q) {
+            ctx.dcut = cutoffs[params.total_rows + q_row];
+        }
+    }
+    let children = 8u * params.total_rows;
+    // The children's values at this row (the twin reads them from the rows directly).
+    for (var i = lane; i < child_count; i += CHUNK_LANES) {
+        let c = tree_word(children + child_begin + i);
+        let token = tree_word(8u * c + 4u);
+        var l = t_elem(ctx.t_base + token);
+        if (l < ctx.cut) {
+            l = ninf;
+        }
+        var qv = 0.0;
+        if (has_q && token < params.draft_vocab) {
+            qv = d_elem(ctx.d_base + token);
+            if (params.draft_kind == DRAFT_LOGITS && qv < ctx.dcut) {
+                qv = ninf;
+            }
+        }
+        masses[3u * c] = l;
+        masses[3u * c + 1u] = qv;
+    }
+    // Masses: only rows the walk may test a second child at (not greedy, finite, usable q).
+    let greedy = (info.flags & REQ_GREEDY) != 0u;
+    let finite = (st.flags & (ROW_T_NAN | ROW_T_POSINF)) == 0u && !is_neg_inf(st.t_max);
+    let q_ok = params.draft_kind != DRAFT_LOGITS
+        || ((st.flags & (ROW_Q_NAN | ROW_Q_POSINF)) == 0u && !is_neg_inf(st.q_max));
+    if (lane == 0u) {
+        sh_children = select(0u, child_count, has_q && !greedy && finite && q_ok);
+    }
+    // Workgroup-uniform, so the barriers of the sums below are reached by every lane.
+    let tested = workgroupUniformLoad(&sh_children);
+    for (var j = 1u; j < tested; j += 1u) {
+        var total = 0.0;
+        for (var chunk = 0u; chunk < params.num_chunks; chunk += 1u) {
+            var s = 0.0;
+            let first = chunk * CHUNK;
+            for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
+                let y = first + 4u * (lane + CHUNK_LANES * i);
+                if (y >= params.vocab) {
+                    break;
+                }
+                s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
+            }
+            sh_sum[lane] = s;
+            workgroupBarrier();
+            for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+                if (lane < stride) {
+                    sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
+                }
+                workgroupBarrier();
+            }
+            if (chunk == 0u) {
+                total = sh_sum[0];
+            } else {
+                total = total + sh_sum[0];
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u) {
+            masses[3u * tree_word(children + child_begin + j) + 2u] = total;
+        }
+        ctx.rho = ctx.rho / (1.0 + total);
+    }
+}

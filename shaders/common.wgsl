@@ -50,6 +50,11 @@ const PARAM_D_BF16: u32 = 32u;
 // Params::flags: the output has the logprob regions / row_stats sums the raw rows too.
 const PARAM_LOGPROBS: u32 = 64u;
 const PARAM_RAW: u32 = 128u;
+// Params::flags: a tree batch (verify.wgsl tree_walk): the output words hold, after the packed
+// output, the accepted nodes (R × out_stride), one 8-word race header per request (depth of the
+// final slot, noise stream, its draft row, first and count of its excluded tokens) and the
+// children's tokens grouped by parent slot. See tree_scratch below.
+const PARAM_TREE: u32 = 256u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that

@@ -49,6 +49,31 @@ struct RaceCtx {
     draft_token: i32,
     cut: f32,       // target entries below it have p = 0
     dcut: f32,      // draft-logit entries below it have q = 0
+    excl_at: u32,   // tree batches: the excluded tokens are out_words[excl_at ..][.. excl_count]
+    excl_count: u32,
+}
+
+// Tree batches: the output words after the packed output hold the accepted nodes (R ×
+// out_stride), then one 8-word race header per request, then the children's tokens (see
+// verify.wgsl tree_walk and PARAM_TREE).
+fn tree_headers() -> u32 {
+    var base = params.num_requests * params.out_stride + 2u * params.num_requests;
+    if ((params.flags & PARAM_LOGPROBS) != 0u) {
+        base += 2u * params.num_requests * params.out_stride;
+    }
+    return base + params.num_requests * params.out_stride;
+}
+
+// True when `y` is one of the excluded tokens (the rejected children of a tree slot drafted
+// without q). Checked only for an entry that could win the race, so its cost is a few entries
+// per block, whatever the count.
+fn excluded(c: RaceCtx, y: u32) -> bool {
+    for (var j = 0u; j < c.excl_count; j += 1u) {
+        if (out_words[c.excl_at + j] == y) {
+            return true;
+        }
+    }
+    return false;
 }
 
 // Entries y .. y+3 of the row (element `base` of the binding); entries at or past `end` read as
@@ -113,7 +138,8 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32)
     // e = -ln(1 - w) >= w, so a key r/e can only beat the best B if r > B·w: most tokens are
     // settled with one multiply and never evaluate the log (the twin applies the same rule).
     let w = w_from_bits(bits);
-    let r_may = res > 0.0 && res > best.r_key * w;
+    // (An excluded tree token has residual 0: the twin zeroes it before this test.)
+    let r_may = res > 0.0 && res > best.r_key * w && !(c.excl_count > 0u && excluded(c, y));
     let p_may = p > 0.0 && p > best.p_key * w;
     if (r_may || p_may) {
         let e = exp1_from_w(w);
@@ -151,11 +177,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         end = begin; // no work, but every lane still reaches the barriers below
     }
     let t_base = params.t_elem_base + (row - params.row_begin) * params.vocab;
-    let d_row = info.draft_offset + task.local_row;
-    let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
-    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
-    let rho = select(1.0, st.rho, task.kind == TASK_BLOCK_RESIDUAL);
-    let q_logits = params.draft_kind == DRAFT_LOGITS;
+    var d_row = info.draft_offset + task.local_row;
+    var has_d = task.local_row < info.num_drafts;
     var stream = STREAM_RESIDUAL;
     if (task.local_row == info.num_drafts) {
         stream = STREAM_BONUS;
@@ -163,18 +186,35 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if ((info.flags & REQ_FAULT_SHARED_NOISE) != 0u) {
         stream = STREAM_ACCEPT; // negative control: noise correlated with the accept draw
     }
-    let pos = row_position(info, task.local_row);
+    var pos = row_position(info, task.local_row);
+    var excl_at = 0u;
+    var excl_count = 0u;
+    if ((params.flags & PARAM_TREE) != 0u) {
+        // A tree slot sits at its depth, draws bonus noise only at a leaf, has its own draft
+        // row, and may exclude several rejected children.
+        let h = tree_headers() + 8u * r;
+        pos = row_position(info, out_words[h]);
+        stream = out_words[h + 1u];
+        d_row = out_words[h + 2u];
+        has_d = d_row != NO_INDEX;
+        excl_at = tree_headers() + 8u * params.num_requests + out_words[h + 3u];
+        excl_count = out_words[h + 4u];
+    }
+    let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
+    let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
+    let rho = select(1.0, st.rho, task.kind == TASK_BLOCK_RESIDUAL);
+    let q_logits = params.draft_kind == DRAFT_LOGITS;
 
     var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
     var cut = bitcast<f32>(NEG_INF_BITS);
     var dcut = cut;
     if ((params.flags & PARAM_CUTOFF) != 0u && in_window) {
         cut = cutoffs[row];
-        if (task.local_row < info.num_drafts) {
+        if (has_d) {
             dcut = cutoffs[params.total_rows + d_row];
         }
     }
-    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, rho, q_logits, task.kind, task.draft_token, cut, dcut);
+    let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, rho, q_logits, task.kind, task.draft_token, cut, dcut, excl_at, excl_count);
     // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
     // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {

@@ -420,3 +420,200 @@ fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
     out_words[base + r] = stop + 1u;
     out_words[base + params.num_requests + r] = status;
 }
+
+// ---- Tree batches (crate::tree; CPU: src/cpu/tree.rs) ----------------------------------------
+//
+// For a tree batch `draft_ids` is bound to the tree table and `rates` to the tree values that
+// block_mass.wgsl's `tree` entry filled (layouts there and in src/gpu/tree.rs); `num_drafts` of a
+// request is its node count, row `row_offset + s` is its slot s (the root, then node s − 1).
+//
+// `tree_merge`: one workgroup per request, lanes over its rows: each row's chunk partials merged
+// into row_stats (nothing drafted per row: a row's children are read by `tree`).
+// `tree_walk`: one workgroup per request, lane 0 only (a walk is a few dozen scalar steps): from
+// the root, the children of the current slot are tried in order under the request's rule, the
+// first accepted one becomes the current slot; where none is, the walk stops and leaves the
+// residual pass a task, a ρ (row_stats[row].rho) and a race header. Accept uniform of the j-th
+// child tried at depth d: word j of the accept stream at position + d.
+
+@compute @workgroup_size(64)
+fn tree_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let info = requests[wid.x];
+    let greedy = (info.flags & REQ_GREEDY) != 0u;
+    for (var i = lane; i <= info.num_drafts; i += 64u) {
+        let row = info.row_offset + i;
+        row_stats[row] = merge_row(row, -1, !greedy, info.inv_temperature);
+    }
+}
+
+fn tree_word(i: u32) -> u32 {
+    return bitcast<u32>(draft_ids[i]);
+}
+
+// First word of the accepted-nodes region (after the packed output); the race headers follow
+// it at + R × out_stride, the children's tokens at + 8 R after those.
+fn tree_scratch() -> u32 {
+    var base = params.num_requests * params.out_stride + 2u * params.num_requests;
+    if ((params.flags & PARAM_LOGPROBS) != 0u) {
+        base += 2u * params.num_requests * params.out_stride;
+    }
+    return base;
+}
+
+// The outcome at one slot: the accepted child's slot (NO_INDEX: none), and what the residual
+// pass then samples from.
+struct TreeStep {
+    next: u32,
+    kind: u32,
+    rho: f32,
+    excluded: u32,
+    status: u32,
+}
+
+// p(y) of a child's logit l at a row, as p_at_draft computes it.
+fn tree_p(info: ReqInfo, st: RowStats, l: f32) -> f32 {
+    return exp((l - st.t_max) * info.inv_temperature) / st.t_sum;
+}
+
+fn tree_u(info: ReqInfo, pos: vec2<u32>, j: u32) -> f32 {
+    return uniform_open(random_words(info, pos, STREAM_ACCEPT, j / 4u)[j % 4u]);
+}
+
+// The children of slot row `g` (first `cb`, `cc` of them), tried in order (the non-greedy rules).
+fn tree_try(info: ReqInfo, g: u32, st: RowStats, pos: vec2<u32>, cb: u32, cc: u32) -> TreeStep {
+    var step = TreeStep(NO_INDEX, TASK_FROM_TARGET, 1.0, 0u, 0u);
+    let children = 8u * params.total_rows;
+    if (cc == 0u) {
+        return step;
+    }
+    if (params.draft_kind == DRAFT_NONE) {
+        // p(c_j) under p with the earlier siblings removed: u · (1 − Σ p(c_i)) < p(c_j).
+        var removed = 0.0;
+        for (var j = 0u; j < cc; j += 1u) {
+            let c = tree_word(children + cb + j);
+            let p = tree_p(info, st, rates[3u * c]);
+            if (tree_u(info, pos, j) * (1.0 - removed) < p) {
+                step.next = c;
+                return step;
+            }
+            removed = removed + p;
+        }
+        step.kind = TASK_ONE_HOT_RESIDUAL;
+        step.excluded = cc;
+        return step;
+    }
+    if (params.draft_kind == DRAFT_LOGITS && draft_row_nonfinite(st)) {
+        step.status = STATUS_DRAFT_NONFINITE;
+        return step;
+    }
+    var rho = 1.0;
+    for (var j = 0u; j < cc; j += 1u) {
+        let c = tree_word(children + cb + j);
+        let token = tree_word(8u * c + 4u);
+        let p = tree_p(info, st, rates[3u * c]);
+        var q = 0.0;
+        if (params.draft_kind == DRAFT_PROBS) {
+            q = sanitize_prob(rates[3u * c + 1u]);
+        } else if (token < params.draft_vocab) {
+            q = exp((rates[3u * c + 1u] - st.q_max) * info.inv_temperature) / st.q_sum;
+        }
+        let u = tree_u(info, pos, j);
+        var accept = false;
+        if (j == 0u) {
+            accept = q > 0.0 && u * q < p;
+        } else {
+            let mass = rates[3u * c + 2u];
+            if (is_nan(mass) || mass <= 0.0) {
+                break; // the residual is empty: the race falls back to p
+            }
+            accept = q > 0.0 && u * q * mass < max(rho * p - q, 0.0);
+            if (!accept) {
+                rho = rho / (1.0 + mass);
+            }
+        }
+        if (accept) {
+            step.next = c;
+            return step;
+        }
+    }
+    step.kind = TASK_BLOCK_RESIDUAL;
+    step.rho = rho;
+    return step;
+}
+
+@compute @workgroup_size(64)
+fn tree_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    if (lane != 0u) {
+        return;
+    }
+    let r = wid.x;
+    let info = requests[r];
+    let greedy = (info.flags & REQ_GREEDY) != 0u;
+    let children = 8u * params.total_rows;
+    let nodes = tree_scratch();
+    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    var g = info.row_offset;
+    var count = 0u;
+    var step = TreeStep(NO_INDEX, TASK_NONE, 1.0, 0u, 0u);
+    var final_token = -1;
+    var final_lp = nan2;
+    loop {
+        let st = row_stats[g];
+        let cb = tree_word(8u * g + 2u);
+        let cc = tree_word(8u * g + 3u);
+        if (row_nonfinite(st)) {
+            step = TreeStep(NO_INDEX, TASK_NONE, 1.0, 0u, STATUS_ALL_MASKED);
+            if ((st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u) {
+                step.status = STATUS_TARGET_NONFINITE;
+            }
+            final_token = i32(st.t_arg);
+            break;
+        }
+        if (greedy) {
+            step = TreeStep(NO_INDEX, TASK_NONE, 1.0, 0u, 0u);
+            for (var j = 0u; j < cc; j += 1u) {
+                let c = tree_word(children + cb + j);
+                if (tree_word(8u * c + 4u) == st.t_arg) {
+                    step.next = c;
+                    break;
+                }
+            }
+            if (step.next == NO_INDEX) {
+                final_token = i32(st.t_arg);
+                final_lp = logprobs_of(info, st, st.t_max);
+            }
+        } else {
+            step = tree_try(info, g, st, row_position(info, tree_word(8u * g + 1u)), cb, cc);
+        }
+        if (step.next == NO_INDEX) {
+            break;
+        }
+        let slot = info.out_offset + count;
+        out_words[slot] = tree_word(8u * step.next + 4u);
+        put_logprobs(slot, logprobs_of(info, st, rates[3u * step.next]));
+        out_words[nodes + slot] = step.next - info.row_offset - 1u;
+        count += 1u;
+        g = step.next;
+    }
+    // The emitted slot (the residual pass fills a sampled token and its logprobs), padding.
+    let last = info.out_offset + count;
+    out_words[last] = bitcast<u32>(final_token);
+    put_logprobs(last, final_lp);
+    for (var j = count; j < params.out_stride; j += 1u) {
+        if (j > count) {
+            out_words[info.out_offset + j] = bitcast<u32>(-1);
+            put_logprobs(info.out_offset + j, nan2);
+        }
+        out_words[nodes + info.out_offset + j] = bitcast<u32>(-1);
+    }
+    row_stats[g].rho = step.rho;
+    tasks[r] = Task(step.kind, g - info.row_offset, -1, last);
+    let header = nodes + params.num_requests * params.out_stride + 8u * r;
+    out_words[header] = tree_word(8u * g + 1u);
+    out_words[header + 1u] = select(STREAM_RESIDUAL, STREAM_BONUS, tree_word(8u * g + 3u) == 0u);
+    out_words[header + 2u] = tree_word(8u * g + 5u);
+    out_words[header + 3u] = tree_word(8u * g + 2u);
+    out_words[header + 4u] = step.excluded;
+    let base = params.num_requests * params.out_stride;
+    out_words[base + r] = count + 1u;
+    out_words[base + params.num_requests + r] = step.status;
+}

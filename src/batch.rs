@@ -8,7 +8,7 @@ mod tree_plan;
 
 pub(crate) use checks::check_rows;
 pub(crate) use plan::{Plan, Shape};
-pub(crate) use tree_plan::{TreePlan, TreeShape};
+pub(crate) use tree_plan::{TreePlan, TreeShape, TreeShapeIn};
 
 use crate::error::Error;
 use crate::layout::*;

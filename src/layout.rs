@@ -128,6 +128,9 @@ pub const PARAM_D_BF16: u32 = 32;
 pub const PARAM_LOGPROBS: u32 = 64;
 /// `Params::flags`: row_stats also sums exp(l − max) of the raw row (raw logprobs).
 pub const PARAM_RAW: u32 = 128;
+/// `Params::flags`: a tree batch (`crate::tree`): the residual pass takes each request's row
+/// position, noise stream, draft row and excluded tokens from the output's tree scratch.
+pub const PARAM_TREE: u32 = 256;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.

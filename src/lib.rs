@@ -67,4 +67,6 @@ pub use batch::{
 pub use device::DeviceChoice;
 pub use error::Error;
 pub use gpu::{required_limits, select_adapter, DeviceIds, GpuDraft, GpuRows, Timestamps};
-pub use verifier::{GpuVerifyBatch, PendingVerify, Verifier, VerifierOptions};
+pub use verifier::{
+    GpuTreeBatch, GpuVerifyBatch, PendingTree, PendingVerify, Verifier, VerifierOptions,
+};

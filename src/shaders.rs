@@ -83,8 +83,8 @@ impl Kernel {
         match self {
             Kernel::Cutoff => &["init", "scan", "pick"],
             Kernel::RowStats => &["block"],
-            Kernel::Verify => &["main", "block_settle"],
-            Kernel::BlockMass => &["main"],
+            Kernel::Verify => &["main", "block_settle", "tree_merge", "tree_walk"],
+            Kernel::BlockMass => &["main", "tree"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],
             Kernel::ReadBandwidth => &["main"],

@@ -1,5 +1,11 @@
 //! Tree verification: many candidate continuations per request, verified losslessly in one pass.
 //!
+//! [`crate::Verifier::verify_tree_blocking`] verifies a [`TreeBatch`] held in host memory on the
+//! GPU (or the CPU backend); [`crate::Verifier::record_tree`] records a
+//! [`crate::GpuTreeBatch`] whose rows live in the caller's GPU buffers into the caller's encoder,
+//! and [`crate::Verifier::read_tree_blocking`] reads the verdicts. [`verify_on_cpu`] runs the CPU
+//! twin alone.
+//!
 //! A tree drafter (EAGLE-2/3, Medusa, an n-gram lookup with several earlier matches) proposes
 //! several tokens per position. One target call scores every node, and the verifier keeps the
 //! longest path the target's own sampling would have produced, so the emitted text is
@@ -30,12 +36,12 @@
 //!   the residual and it is renormalised; if none is accepted the token comes from the final
 //!   residual. This is sampling `y ~ p_v` and following the child equal to `y`.
 //! - **Children drawn i.i.d. from `q_v`** (SpecInfer's multi-step speculative sampling, Miao et
-//!   al. 2024, §4.2): child `c_i` is accepted with probability `min(1, p(c_i) / q(c_i))` under
+//!   al., ASPLOS 2024): child `c_i` is accepted with probability `min(1, p(c_i) / q(c_i))` under
 //!   the current residual `p`, else `p ← norm(max(p − q, 0))`; if none is accepted the token
 //!   comes from the final residual. Sibling tokens may repeat.
 //!
 //! Temperature, top-k, top-p and min-p process `p` (and draft logits) exactly as for chains
-//! ([`SamplingParams`]); [`Rule::Exact`] is the only rule trees take.
+//! ([`SamplingParams`]); [`crate::Rule::Exact`] is the only rule trees take.
 //!
 //! # Randomness
 //!
@@ -215,10 +221,9 @@ pub enum TreeFault {
 }
 
 /// Verifies a batch of trees on the CPU with `threads` worker threads (the result does not
-/// depend on the count). Requests with `seed: None` draw a seed, reported in the verdict.
-///
-/// The GPU kernels for trees are not written yet; this is the implementation they will be held
-/// to, bit for bit, like the chain verifier's CPU twin.
+/// depend on the count), without a [`crate::Verifier`]: the CPU twin of the GPU's tree passes,
+/// which [`crate::Verifier::verify_tree_blocking`] runs on either backend. Requests with
+/// `seed: None` draw a seed from the clock, reported in the verdict.
 pub fn verify_on_cpu(batch: &TreeBatch<'_>, threads: usize) -> Result<TreeOutput, crate::Error> {
     verify_on_cpu_with_fault(batch, threads, TreeFault::None)
 }
@@ -237,7 +242,7 @@ pub fn verify_on_cpu_with_fault(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mut seeds = rand_pcg::Pcg64::seed_from_u64(clock ^ u64::from(std::process::id()));
-    let plan = crate::batch::TreePlan::new(batch, fault, || seeds.next_u64())?;
+    let plan = crate::batch::TreePlan::for_host(batch, fault, || seeds.next_u64())?;
     let target = batch.target_logits.to_f32();
     let (_, draft) = batch.draft.split();
     let draft = draft.map(|d| d.to_f32());

@@ -1,6 +1,9 @@
 //! `Verifier`: the one entry point. Built once per device; verifies batches from host slices or
 //! records into the caller's command encoder over the caller's GPU buffers.
 
+mod tree;
+pub use tree::{GpuTreeBatch, PendingTree};
+
 use crate::batch::{check_rows, Fault, Logits, Plan, Request, Shape, VerifyBatch, VerifyOutput};
 use crate::cpu::{self, TwinShape};
 use crate::error::Error;

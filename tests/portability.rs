@@ -109,11 +109,14 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 5] = [
+const FIXED_64: [&str; 8] = [
     "row_stats.block",
     "verify.main",
     "verify.block_settle",
+    "verify.tree_merge",
+    "verify.tree_walk",
     "block_mass.main",
+    "block_mass.tree",
     "residual_argmax.merge",
 ];
 

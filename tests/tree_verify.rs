@@ -11,7 +11,8 @@ use specdec::tree::{
     verify_on_cpu, verify_on_cpu_with_fault, TreeBatch, TreeDefect, TreeFault, TreeNode,
     TreeOutput, TreeRequest,
 };
-use specdec::{Draft, Error, Logits, Request, Rule, SamplingParams, Status, VerifyBatch};
+use specdec::{Draft, Dtype, Error, GpuDraft, GpuRows, GpuTreeBatch, Logits, Request, Rule};
+use specdec::{SamplingParams, Status, VerifyBatch};
 
 /// Significance of every χ² test: a correct sampler fails one with probability 1e-6.
 const ALPHA: f64 = 1e-6;
@@ -657,4 +658,251 @@ fn trees_accept_more_than_their_first_chain() {
         tree > chain + 0.1,
         "tree {tree:.3} vs chain {chain:.3} tokens per call"
     );
+}
+
+/// A random batch of trees (chains among them) with every draft kind's rows, for the GPU ==
+/// CPU comparison: owned, so that one description serves both backends.
+struct OwnedTrees {
+    vocab: usize,
+    nodes: Vec<Vec<TreeNode>>,
+    params: Vec<SamplingParams>,
+    target: Vec<f32>,
+    q: Vec<f32>,
+}
+
+fn random_trees(g: &mut Gen, vocab: usize, mode: QMode, requests: usize) -> OwnedTrees {
+    let mut t = OwnedTrees {
+        vocab,
+        nodes: Vec::new(),
+        params: Vec::new(),
+        target: Vec::new(),
+        q: Vec::new(),
+    };
+    for r in 0..requests {
+        let n = g.below(12);
+        let mut nodes: Vec<TreeNode> = Vec::new();
+        for v in 0..n {
+            let parent = if r % 4 == 0 {
+                v as i32 - 1
+            } else {
+                g.below(v + 1) as i32 - 1
+            };
+            // Distinct siblings for children without q: the next unused token among a few
+            // likely ones (the rows make tokens 0..4 likely, so siblings hold most of the mass
+            // and the later siblings' tests matter).
+            let mut token = g.below(4) as i32;
+            while mode == QMode::None
+                && nodes.iter().any(|o| o.parent == parent && o.token == token)
+            {
+                token = (token + 1) % vocab as i32;
+            }
+            nodes.push(node(token, parent));
+        }
+        let temperature = [0.0f32, 1.0, 0.7, 1.3][r % 4];
+        let controls = [
+            Controls::OFF,
+            Controls {
+                top_k: 6,
+                top_p: 0.9,
+                min_p: 0.0,
+            },
+            Controls {
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.02,
+            },
+        ][(r / 4) % 3];
+        t.params.push(
+            controls
+                .apply(SamplingParams::seeded(temperature, g.u64()))
+                .with_logprobs(r % 3 == 0),
+        );
+        for s in 0..=n {
+            let mut row = g.logits(vocab, 1.0);
+            for x in row.iter_mut().take(4) {
+                *x += 4.0 + 0.5 * (vocab as f32).ln(); // tokens 0..4 likely at every vocabulary
+            }
+            if r % 23 == 7 && s == n / 2 {
+                row[vocab / 3] = f32::NAN;
+            }
+            t.target.extend(row);
+            let expands = nodes.iter().any(|o| o.parent == s as i32 - 1);
+            if expands && mode != QMode::None {
+                let mut ql = g.logits(vocab, 1.0);
+                for x in ql.iter_mut().take(4) {
+                    *x += 4.0 + 0.5 * (vocab as f32).ln();
+                }
+                if mode == QMode::Probs {
+                    let p = softmax(&ql, 1.0);
+                    t.q.extend(p.iter().map(|&x| x as f32));
+                } else {
+                    t.q.extend(ql);
+                }
+            }
+        }
+        t.nodes.push(nodes);
+    }
+    t
+}
+
+impl OwnedTrees {
+    fn verify_with(&self, mode: QMode, f: impl Fn(&TreeBatch) -> TreeOutput) -> TreeOutput {
+        let requests: Vec<TreeRequest> = self
+            .nodes
+            .iter()
+            .zip(&self.params)
+            .enumerate()
+            .map(|(i, (nodes, &params))| TreeRequest {
+                nodes,
+                params,
+                position: 40 + i as u64,
+            })
+            .collect();
+        let draft = match mode {
+            QMode::None => Draft::OneHot,
+            QMode::Probs => Draft::Probs(Logits::from(&self.q)),
+            QMode::Logits => Draft::Logits(Logits::from(&self.q)),
+        };
+        f(&TreeBatch {
+            vocab_size: self.vocab as u32,
+            requests: &requests,
+            target_logits: (&self.target).into(),
+            draft,
+            draft_vocab_size: None,
+        })
+    }
+}
+
+/// The GPU's tree verification equals the CPU's, bit for bit: tokens, accepted nodes, statuses,
+/// seeds and logprobs, for every draft kind, temperatures 0 / 0.7 / 1 / 1.3, top-k with top-p,
+/// min-p, NaN rows, chains among the trees, at a vocabulary of one chunk and of several (the
+/// residual masses are summed chunk by chunk) and one not a multiple of 4.
+#[test]
+fn gpu_tree_verification_equals_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = Gen::new(99);
+    let mut checked = 0;
+    // Logprobs to f32 rounding of exp / log (as for chains); the rest exactly, except that on
+    // a GPU whose exp / log differ from the CPU's by an ulp a decision within rounding of its
+    // threshold may go the other way (common::twin_slack; none on llvmpipe).
+    let close = |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>| match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    x.is_nan() && y.is_nan() || (x - y).abs() <= 1e-5 * (1.0 + x.abs())
+                })
+        }
+        _ => false,
+    };
+    let (slack, _) = twin_slack(gpu);
+    let mut differing = Vec::new();
+    for &vocab in &[64usize, 5003, 9000] {
+        for mode in [QMode::None, QMode::Probs, QMode::Logits] {
+            let trees = random_trees(&mut g, vocab, mode, 48);
+            let want = trees.verify_with(mode, |b| verify_on_cpu(b, 2).unwrap());
+            let got = trees.verify_with(mode, |b| gpu.verify_tree_blocking(b).unwrap());
+            for (r, (w, o)) in want.requests.iter().zip(&got.requests).enumerate() {
+                let same = (&w.tokens, &w.accepted_nodes, w.status, w.seed)
+                    == (&o.tokens, &o.accepted_nodes, o.status, o.seed)
+                    && close(&w.logprobs, &o.logprobs)
+                    && close(&w.raw_logprobs, &o.raw_logprobs);
+                if !same {
+                    differing.push(format!(
+                        "vocab {vocab} {mode:?} request {r} {:?}: cpu {w:?}, gpu {o:?}",
+                        trees.nodes[r]
+                    ));
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        differing.len() <= slack,
+        "{} of {checked} requests differ (allowed {slack}):\n{}",
+        differing.len(),
+        differing.join("\n")
+    );
+    assert_eq!(checked, 3 * 3 * 48);
+    // The CPU backend of a Verifier is the same walk.
+    let trees = random_trees(&mut g, 64, QMode::Probs, 16);
+    let cpu_backend = cpu();
+    let a = trees.verify_with(QMode::Probs, |b| {
+        cpu_backend.verify_tree_blocking(b).unwrap()
+    });
+    let b = trees.verify_with(QMode::Probs, |b| verify_on_cpu(b, 1).unwrap());
+    assert_eq!(a, b);
+}
+
+/// The GPU-resident path: rows in the caller's buffers at byte offsets, bf16 target rows, the
+/// verification recorded into the caller's encoder. Its verdicts equal the host path's on the
+/// same values; a CPU verifier refuses to record.
+#[test]
+fn gpu_resident_trees_equal_the_host_path() {
+    let Some(gpu) = gpu() else { return };
+    let (device, queue) = gpu.device().expect("a GPU verifier");
+    let mut g = Gen::new(7);
+    let trees = random_trees(&mut g, 300, QMode::Logits, 24);
+    // bf16 target rows (their f32 copy is what the host path gets), f32 draft logits.
+    let bf16: Vec<u16> = trees
+        .target
+        .iter()
+        .map(|&x| (x.to_bits() >> 16) as u16)
+        .collect();
+    let widened: Vec<f32> = bf16.iter().map(|&h| specdec::bf16_to_f32(h)).collect();
+    let host = OwnedTrees {
+        target: widened,
+        ..OwnedTrees {
+            vocab: trees.vocab,
+            nodes: trees.nodes.clone(),
+            params: trees.params.clone(),
+            target: Vec::new(),
+            q: trees.q.clone(),
+        }
+    };
+    let want = host.verify_with(QMode::Logits, |b| gpu.verify_tree_blocking(b).unwrap());
+    let buffer = |bytes: &[u8], offset: usize| {
+        let mut padded = vec![0u8; offset];
+        padded.extend_from_slice(bytes);
+        padded.resize(padded.len().next_multiple_of(4) + 4, 0);
+        let buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("test.tree_rows"),
+            size: padded.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&buf, 0, &padded);
+        buf
+    };
+    let t_buf = buffer(bytemuck::cast_slice(&bf16), 258);
+    let q_buf = buffer(bytemuck::cast_slice(&trees.q), 16);
+    let requests: Vec<TreeRequest> = trees
+        .nodes
+        .iter()
+        .zip(&trees.params)
+        .enumerate()
+        .map(|(i, (nodes, &params))| TreeRequest {
+            nodes,
+            params,
+            position: 40 + i as u64,
+        })
+        .collect();
+    let batch = GpuTreeBatch {
+        vocab_size: trees.vocab as u32,
+        requests: &requests,
+        target_logits: GpuRows::f32(&t_buf, 258).with_dtype(Dtype::Bf16),
+        draft: GpuDraft::Logits(GpuRows::f32(&q_buf, 16)),
+        draft_vocab_size: None,
+    };
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending = gpu.record_tree(&mut encoder, &batch).unwrap();
+    queue.submit([encoder.finish()]);
+    let got = gpu.read_tree_blocking(pending).unwrap();
+    assert_eq!(got, want);
+    assert!(got.requests.iter().any(|v| v.accepted_nodes.len() >= 2));
+    let mut encoder = device.create_command_encoder(&Default::default());
+    assert!(matches!(
+        cpu().record_tree(&mut encoder, &batch),
+        Err(Error::NotGpu)
+    ));
 }

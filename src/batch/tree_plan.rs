@@ -117,14 +117,54 @@ fn tree_shape(
     Ok(shape)
 }
 
+/// The shape of a tree batch, independent of where its rows live.
+pub(crate) struct TreeShapeIn<'a> {
+    pub vocab: u32,
+    pub requests: &'a [TreeRequest<'a>],
+    pub draft_kind: u32,
+    pub draft_vocab: Option<u32>,
+}
+
+impl<'a> TreeShapeIn<'a> {
+    /// The shape of a host batch.
+    pub fn host(batch: &TreeBatch<'a>) -> Self {
+        TreeShapeIn {
+            vocab: batch.vocab_size,
+            requests: batch.requests,
+            draft_kind: batch.draft.split().0,
+            draft_vocab: batch.draft_vocab_size,
+        }
+    }
+}
+
 impl TreePlan {
+    /// Checks a host batch (its shape and its slices' lengths) and builds its plan.
+    pub fn for_host(
+        batch: &TreeBatch<'_>,
+        fault: TreeFault,
+        draw_seed: impl FnMut() -> u64,
+    ) -> Result<TreePlan, Error> {
+        let tp = TreePlan::new(&TreeShapeIn::host(batch), fault, draw_seed)?;
+        let plan = &tp.plan;
+        check_rows(
+            batch.target_logits.len(),
+            plan.total_rows,
+            plan.vocab,
+            false,
+        )?;
+        if let (_, Some(d)) = batch.draft.split() {
+            check_rows(d.len(), plan.total_drafts, plan.draft_vocab, true)?;
+        }
+        Ok(tp)
+    }
+
     /// Checks the batch and builds its plan. `draw_seed` supplies seeds for `seed: None`.
     pub fn new(
-        batch: &TreeBatch<'_>,
+        batch: &TreeShapeIn<'_>,
         fault: TreeFault,
         mut draw_seed: impl FnMut() -> u64,
     ) -> Result<TreePlan, Error> {
-        let (draft_kind, draft) = batch.draft.split();
+        let draft_kind = batch.draft_kind;
         let chain_requests: Vec<Request> = batch
             .requests
             .iter()
@@ -135,11 +175,11 @@ impl TreePlan {
             })
             .collect();
         let (vocab, draft_vocab) = check_vocabs(&Shape {
-            vocab: batch.vocab_size,
+            vocab: batch.vocab,
             requests: &chain_requests,
             draft_ids: &[],
             draft_kind,
-            draft_vocab: batch.draft_vocab_size,
+            draft_vocab: batch.draft_vocab,
             rates: None,
         })?;
         let mut trees = Vec::with_capacity(batch.requests.len());
@@ -160,6 +200,7 @@ impl TreePlan {
             let mut info = req_info(req, 0, seed);
             info.row_offset = row;
             info.draft_offset = q_row;
+            info.out_offset = (r * (counts.k_max as usize + 1)) as u32;
             reqs.push(info);
             for s in 0..=req.num_drafts as usize {
                 let expands = !tree.children_of(s).is_empty();
@@ -172,10 +213,6 @@ impl TreePlan {
                 row_info.push([r as u32, s as u32, u32::MAX, d_row]);
             }
             row += req.num_drafts + 1;
-        }
-        check_rows(batch.target_logits.len(), total_rows, vocab, false)?;
-        if let Some(d) = draft {
-            check_rows(d.len(), q_row as usize, draft_vocab, true)?;
         }
         let plan = Plan {
             vocab,

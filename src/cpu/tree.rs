@@ -192,7 +192,13 @@ fn walk(rows: &Rows<'_>, r: usize, tree: &TreeShape) -> TreeVerdict {
                     },
                     rho,
                     draft: if with_q { rows.draft_row(g) } else { None },
-                    excluded: if with_q { &[] } else { &excluded },
+                    // Only children given without q leave the residual p without them; with
+                    // q, the residual is max(ρ p − q, 0), or p itself where q is unusable.
+                    excluded: if plan.draft_kind == DRAFT_NONE {
+                        &excluded
+                    } else {
+                        &[]
+                    },
                 };
                 break sample(rows, info, g, &race, status);
             }

@@ -24,6 +24,7 @@ mod readback;
 mod residual;
 mod row_stats;
 mod shape;
+mod tree;
 mod upload;
 mod verify;
 mod windows;
@@ -33,6 +34,7 @@ pub(crate) use adapter::{enumerate, rank_adapters, workgroup_size};
 pub use adapter::{required_limits, select_adapter};
 pub(crate) use bindings::{entry, layout_entry, ranged, scoped, storage};
 pub(crate) use readback::MapFlag;
+pub(crate) use tree::{decode_tree, tree_readback_words};
 pub(crate) use workspace::Workspace;
 
 use crate::batch::Plan;

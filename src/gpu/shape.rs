@@ -39,8 +39,10 @@ pub(super) struct Shape {
     pub needs_residual: bool,
     /// The cutoff pass.
     pub cut: CutShape,
-    /// Words of the packed output.
+    /// Words of the packed output (read back).
     pub out_words: usize,
+    /// A tree batch (`PARAM_TREE`): the residual pass reads the walk's race headers.
+    pub tree: bool,
 }
 
 impl Shape {
@@ -77,6 +79,7 @@ impl Shape {
             cut,
             out_words: plan.out_words(),
             windows,
+            tree: false,
         }
     }
 
@@ -95,6 +98,7 @@ impl Shape {
             block_chunks: self.block_chunks,
             stats_blocks: self.stats_blocks,
             cut_slice: self.cut.slice,
+            flags: if self.tree { PARAM_TREE } else { 0 },
             ..Params::default()
         }
     }
