@@ -906,3 +906,28 @@ fn gpu_resident_trees_equal_the_host_path() {
         Err(Error::NotGpu)
     ));
 }
+
+/// Trees whose rows need several storage-binding windows (WebGPU's default 128 MiB bindings;
+/// V = 262,144 f32 rows are 1 MiB each, and over 128 rows are drafted) verify as on the CPU.
+#[test]
+fn trees_across_binding_windows_equal_the_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let v = with_limits(wgpu::Limits::default()).expect("a device with WebGPU's default limits");
+    let mut g = Gen::new(31);
+    for mode in [QMode::None, QMode::Probs] {
+        let trees = random_trees(&mut g, 262_144, mode, 24);
+        let rows = trees.target.len() / trees.vocab;
+        assert!(rows > 128, "{rows} rows fit one window");
+        let want = trees.verify_with(mode, |b| verify_on_cpu(b, 2).unwrap());
+        let got = trees.verify_with(mode, |b| v.verify_tree_blocking(b).unwrap());
+        let strip = |o: &TreeOutput| {
+            o.requests
+                .iter()
+                .map(|r| (r.tokens.clone(), r.accepted_nodes.clone(), r.status))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&got), strip(&want), "{mode:?}");
+    }
+}
