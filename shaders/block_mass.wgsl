@@ -114,38 +114,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 // ---- Tree batches (crate::tree; CPU: src/cpu/tree.rs) ----------------------------------------
 //
-// Entry `tree`: one workgroup of 64 per target row (= tree slot) of the window. For a tree batch
-// `row_info` is bound to the tree table and `masses` to the tree values (layouts in
-// src/gpu/tree.rs): per slot g, words 8g .. 8g+7 of the table are (request, depth, first child,
-// child count, token, draft row, 0, 0), and the children (their slots, grouped by parent) follow
-// at word 8·total_rows; the values are 3 floats per slot: its token's logit at its parent's row
-// (under the cut-off), its draft value there (raw probability, or logit under the draft
-// cut-off), and the residual mass its test needs when it is the j-th child (j ≥ 1) of a node
-// whose children were drawn from q. Those masses follow SpecInfer's residual recursion in the
-// form max(ρ_j p − q, 0): ρ_1 = 1, M_j = Σ max(ρ_j p − q, 0), ρ_{j+1} = ρ_j / (1 + M_j). They
-// depend on the row alone, not on the random draws, so they are summed here for every child
-// the walk might test, each in the chunk order above (one chunk after the other), which is the
-// order of the twin's block mass.
+// For a tree batch `row_info` is bound to the tree table and `masses` to the tree values (layouts
+// in src/gpu/tree.rs). Table: per slot g (= target row), words 8g .. 8g+7 are (request, depth,
+// first child, child count, token, draft row, 0, 0); the children (their slots, grouped by
+// parent) follow at word 8·total_rows. Values, R = total_rows, C = num_chunks:
+//   [0, 3R)        per slot: its token's logit at its parent's row (under the cut-off), its
+//                  draft value there (raw probability, or logit under the draft cut-off), and the
+//                  residual mass its test needs when it is the j-th child (j ≥ 1) of a node whose
+//                  children were drawn from q;
+//   [3R, 5R)       per slot: ρ and the next sibling level j (as f32) of its mass recursion;
+//   [5R, 5R + RC)  per slot and chunk: the partial of the mass being summed.
+// The masses follow SpecInfer's residual recursion in the form max(ρ_j p − q, 0): ρ_1 = 1,
+// M_j = Σ max(ρ_j p − q, 0), ρ_{j+1} = ρ_j / (1 + M_j). They depend on the row alone, not on the
+// draws, so they are summed for every child the walk might test, level by level: `tree_mass`
+// (one workgroup per chunk and row, the block-mass order above) then `tree_fold` (chunk order),
+// once per level up to the batch's largest child count.
 
-var<workgroup> sh_children: u32;
+// Entry `tree`: one workgroup per slot of the window: the children's values at this row, and
+// the slot's recursion state (ρ = 1, level 1).
+@compute @workgroup_size(64)
+fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let row = params.row_begin + wid.x;
+    let ctx = tree_ctx(row);
+    let child_begin = tree_word(8u * row + 2u);
+    let child_count = tree_word(8u * row + 3u);
+    let children = 8u * params.total_rows;
+    for (var i = lane; i < child_count; i += CHUNK_LANES) {
+        let c = tree_word(children + child_begin + i);
+        let token = tree_word(8u * c + 4u);
+        var l = t_elem(ctx.t_base + token);
+        if (l < ctx.cut) {
+            l = bitcast<f32>(NEG_INF_BITS);
+        }
+        var qv = 0.0;
+        if (tree_word(8u * row + 5u) != NO_INDEX && params.draft_kind != DRAFT_NONE
+            && token < params.draft_vocab) {
+            qv = d_elem(ctx.d_base + token);
+            if (params.draft_kind == DRAFT_LOGITS && qv < ctx.dcut) {
+                qv = bitcast<f32>(NEG_INF_BITS);
+            }
+        }
+        masses[3u * c] = l;
+        masses[3u * c + 1u] = qv;
+    }
+    if (lane == 0u) {
+        masses[3u * params.total_rows + 2u * row] = 1.0;
+        masses[3u * params.total_rows + 2u * row + 1u] = 1.0;
+    }
+}
 
 fn tree_word(i: u32) -> u32 {
     return row_info[i / 4u][i % 4u];
 }
 
-@compute @workgroup_size(64)
-fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let row = params.row_begin + wid.x;
+// The term context of slot row `row` (ρ from the recursion state).
+fn tree_ctx(row: u32) -> MassCtx {
     let info = requests[tree_word(8u * row)];
-    let child_begin = tree_word(8u * row + 2u);
-    let child_count = tree_word(8u * row + 3u);
     let q_row = tree_word(8u * row + 5u);
     let st = row_stats[row];
-    let has_q = q_row != NO_INDEX && params.draft_kind != DRAFT_NONE;
     let ninf = bitcast<f32>(NEG_INF_BITS);
     var ctx = MassCtx(
         params.t_elem_base + (row - params.row_begin) * params.vocab, 0u,
-        st.t_max, 1.0 / st.t_sum, st.q_max, 1.0 / st.q_sum, info.inv_temperature, 1.0, ninf, ninf);
+        st.t_max, 1.0 / st.t_sum, st.q_max, 1.0 / st.q_sum, info.inv_temperature,
+        masses[3u * params.total_rows + 2u * row], ninf, ninf);
+    let has_q = q_row != NO_INDEX && params.draft_kind != DRAFT_NONE;
     if (has_q) {
         ctx.d_base = params.d_elem_base + (q_row - params.d_row_begin) * params.draft_vocab;
     }
@@ -155,65 +187,76 @@ fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ctx.dcut = cutoffs[params.total_rows + q_row];
         }
     }
-    let children = 8u * params.total_rows;
-    // The children's values at this row (the twin reads them from the rows directly).
-    for (var i = lane; i < child_count; i += CHUNK_LANES) {
-        let c = tree_word(children + child_begin + i);
-        let token = tree_word(8u * c + 4u);
-        var l = t_elem(ctx.t_base + token);
-        if (l < ctx.cut) {
-            l = ninf;
-        }
-        var qv = 0.0;
-        if (has_q && token < params.draft_vocab) {
-            qv = d_elem(ctx.d_base + token);
-            if (params.draft_kind == DRAFT_LOGITS && qv < ctx.dcut) {
-                qv = ninf;
-            }
-        }
-        masses[3u * c] = l;
-        masses[3u * c + 1u] = qv;
-    }
-    // Masses: only rows the walk may test a second child at (not greedy, finite, usable q).
+    return ctx;
+}
+
+// True while slot row `row` still has a mass to sum: its children were drawn from q (not
+// greedy, finite row, usable q) and the level has not reached its child count.
+fn tree_mass_due(row: u32) -> bool {
+    let info = requests[tree_word(8u * row)];
+    let st = row_stats[row];
+    let has_q = tree_word(8u * row + 5u) != NO_INDEX && params.draft_kind != DRAFT_NONE;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     let finite = (st.flags & (ROW_T_NAN | ROW_T_POSINF)) == 0u && !is_neg_inf(st.t_max);
     let q_ok = params.draft_kind != DRAFT_LOGITS
         || ((st.flags & (ROW_Q_NAN | ROW_Q_POSINF)) == 0u && !is_neg_inf(st.q_max));
-    if (lane == 0u) {
-        sh_children = select(0u, child_count, has_q && !greedy && finite && q_ok);
-    }
-    // Workgroup-uniform, so the barriers of the sums below are reached by every lane.
-    let tested = workgroupUniformLoad(&sh_children);
-    for (var j = 1u; j < tested; j += 1u) {
-        var total = 0.0;
-        for (var chunk = 0u; chunk < params.num_chunks; chunk += 1u) {
-            var s = 0.0;
-            let first = chunk * CHUNK;
-            for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-                let y = first + 4u * (lane + CHUNK_LANES * i);
-                if (y >= params.vocab) {
-                    break;
-                }
-                s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
+    let level = u32(masses[3u * params.total_rows + 2u * row + 1u]);
+    return has_q && !greedy && finite && q_ok && level < tree_word(8u * row + 3u);
+}
+
+// Entry `tree_mass`: x = chunk, y = row within the window; the chunk's partial of the mass at
+// the row's current level, exactly as `main` sums a block-mass partial.
+@compute @workgroup_size(64)
+fn tree_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let chunk = wid.x;
+    let row = params.row_begin + wid.y;
+    let due = tree_mass_due(row);
+    var s = 0.0;
+    if (due) {
+        let ctx = tree_ctx(row);
+        let first = chunk * CHUNK;
+        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
+            let y = first + 4u * (lane + CHUNK_LANES * i);
+            if (y >= params.vocab) {
+                break;
             }
-            sh_sum[lane] = s;
-            workgroupBarrier();
-            for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
-                if (lane < stride) {
-                    sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
-                }
-                workgroupBarrier();
-            }
-            if (chunk == 0u) {
-                total = sh_sum[0];
-            } else {
-                total = total + sh_sum[0];
-            }
-            workgroupBarrier();
+            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
         }
-        if (lane == 0u) {
-            masses[3u * tree_word(children + child_begin + j) + 2u] = total;
-        }
-        ctx.rho = ctx.rho / (1.0 + total);
     }
+    sh_sum[lane] = s;
+    workgroupBarrier();
+    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && due) {
+        masses[5u * params.total_rows + row * params.num_chunks + chunk] = sh_sum[0];
+    }
+}
+
+// Entry `tree_fold`: one invocation per row of the window (64 per workgroup): the mass at the
+// current level folded in chunk order, stored for the child it tests, then ρ and the level move on.
+@compute @workgroup_size(64)
+fn tree_fold(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = wid.x * 64u + lane;
+    if (i >= params.row_count) {
+        return;
+    }
+    let row = params.row_begin + i;
+    if (!tree_mass_due(row)) {
+        return;
+    }
+    let base = 5u * params.total_rows + row * params.num_chunks;
+    var total = masses[base];
+    for (var c = 1u; c < params.num_chunks; c += 1u) {
+        total = total + masses[base + c];
+    }
+    let state = 3u * params.total_rows + 2u * row;
+    let level = u32(masses[state + 1u]);
+    let child = tree_word(8u * params.total_rows + tree_word(8u * row + 2u) + level);
+    masses[3u * child + 2u] = total;
+    masses[state] = masses[state] / (1.0 + total);
+    masses[state + 1u] = f32(level + 1u);
 }

@@ -84,7 +84,7 @@ impl Kernel {
             Kernel::Cutoff => &["init", "scan", "pick"],
             Kernel::RowStats => &["block"],
             Kernel::Verify => &["main", "block_settle", "tree_merge", "tree_walk"],
-            Kernel::BlockMass => &["main", "tree"],
+            Kernel::BlockMass => &["main", "tree", "tree_mass", "tree_fold"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],
             Kernel::ReadBandwidth => &["main"],

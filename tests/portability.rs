@@ -109,7 +109,7 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 8] = [
+const FIXED_64: [&str; 10] = [
     "row_stats.block",
     "verify.main",
     "verify.block_settle",
@@ -117,6 +117,8 @@ const FIXED_64: [&str; 8] = [
     "verify.tree_walk",
     "block_mass.main",
     "block_mass.tree",
+    "block_mass.tree_mass",
+    "block_mass.tree_fold",
     "residual_argmax.merge",
 ];
 

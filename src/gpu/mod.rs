@@ -333,7 +333,7 @@ impl GpuBackend {
 /// Records the four phases (cutoff + row_stats, verify + block_mass, residual_argmax.block,
 /// residual_argmax.merge). One compute pass holds every dispatch (wgpu orders dispatches that
 /// share buffers), except when profiling per kernel: then each phase gets its own timed pass.
-fn record_phases(
+pub(super) fn record_phases(
     encoder: &mut wgpu::CommandEncoder,
     phases: &[&dyn Fn(&mut wgpu::ComputePass<'_>); 4],
     timestamps: Timestamps<'_>,

@@ -11,9 +11,10 @@
 //! scratch words after the packed output, which only the accepted nodes of are read back.
 
 use super::bindings::{entry, params_entry, scoped};
+use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW};
 use super::shape::Shape;
 use super::workspace::Workspace;
-use super::{checks, GpuBackend, GpuRows, Sources};
+use super::{checks, GpuBackend, GpuRows, Sources, Timestamps};
 use crate::batch::{Status, TreePlan};
 use crate::error::Error;
 use crate::layout::*;
@@ -76,14 +77,17 @@ fn scratch(tp: &TreePlan, children: usize) -> Scratch {
 }
 
 impl GpuBackend {
-    /// Records the verification of a checked tree batch over the caller's rows. The readback
-    /// then holds `tree_readback_words(tp)` words, decoded by [`decode_tree`].
+    /// Records the verification of a checked tree batch over the caller's rows, in the chain's
+    /// four timed phases (cutoff + row_stats; tree_merge + tree values + tree_walk; the race's
+    /// blocks; its merge). The readback then holds `tree_readback_words(tp)` words, decoded by
+    /// [`decode_tree`].
     pub(crate) fn record_tree(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         ws: &mut Workspace,
         tp: &TreePlan,
         src: Sources<'_>,
+        timestamps: Timestamps<'_>,
     ) -> Result<(), Error> {
         let plan = &tp.plan;
         self.check_alive()?;
@@ -97,7 +101,9 @@ impl GpuBackend {
         self.ensure_workspace(ws, plan, &shape);
         let dev = &self.device;
         ws.draft_ids.ensure(dev, table.len() as u64 * 4);
-        ws.masses.ensure(dev, plan.total_rows as u64 * 12);
+        // Tree values: 3 per slot, the recursion state 2 per slot, a partial per slot and chunk.
+        let values = plan.total_rows as u64 * (5 + u64::from(shape.num_chunks));
+        ws.masses.ensure(dev, values * 4);
         ws.out.ensure(dev, at.total as u64 * 4);
         let rows = self.write_metadata(ws, plan, &shape, src.target, src.draft);
         self.queue
@@ -107,6 +113,19 @@ impl GpuBackend {
             self.queue
                 .write_buffer(ws.out.get(), offset, bytemuck::cast_slice(&tokens));
         }
+        // Sibling levels whose masses the walk may need: children drawn from q, up to the
+        // largest child count of a non-greedy request.
+        let levels = if plan.draft_kind == DRAFT_NONE {
+            0
+        } else {
+            tp.trees
+                .iter()
+                .zip(&plan.reqs)
+                .filter(|(_, info)| info.flags & REQ_GREEDY == 0)
+                .flat_map(|(t, _)| t.child_start.windows(2).map(|w| w[1] - w[0]))
+                .max()
+                .unwrap_or(0)
+        };
         let ws = &*ws;
         scoped(&self.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
@@ -146,30 +165,27 @@ impl GpuBackend {
                 ],
             });
             let residual = self.residual_groups(ws, &rows);
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("specdec.tree"),
-                timestamp_writes: None,
-            });
+            let special = shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY);
+            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
+                &|pass| {
+                    self.record_cutoff(pass, &shape, &cutoff);
+                    self.record_row_stats(pass, &shape, &stats);
+                },
+                &|pass| {
+                    pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_merge", special));
+                    pass.set_bind_group(0, &walk, &[0]);
+                    pass.dispatch_workgroups(shape.n as u32, 1, 1);
+                    self.record_tree_values(pass, &shape, &values, levels);
+                    pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_walk", special));
+                    pass.set_bind_group(0, &walk, &[0]);
+                    pass.dispatch_workgroups(shape.n as u32, 1, 1);
+                },
+                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_merge(pass, &shape, &residual),
+            ];
             if !shape.windows.is_empty() {
-                self.record_cutoff(&mut pass, &shape, &cutoff);
-                self.record_row_stats(&mut pass, &shape, &stats);
-                let special = shape.special
-                    & (super::pipelines::SPECIAL_RAW | super::pipelines::SPECIAL_ENTROPY);
-                pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_merge", special));
-                pass.set_bind_group(0, &walk, &[0]);
-                pass.dispatch_workgroups(shape.n as u32, 1, 1);
-                pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree"));
-                for (i, w) in shape.windows.iter().enumerate() {
-                    pass.set_bind_group(0, &values[i], &[(i as u64 * shape.slot_size) as u32]);
-                    pass.dispatch_workgroups((w.row_end - w.row_begin) as u32, 1, 1);
-                }
-                pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_walk", special));
-                pass.set_bind_group(0, &walk, &[0]);
-                pass.dispatch_workgroups(shape.n as u32, 1, 1);
-                self.record_residual_blocks(&mut pass, &shape, &residual);
-                self.record_residual_merge(&mut pass, &shape, &residual);
+                super::record_phases(encoder, &phases, timestamps);
             }
-            drop(pass);
             Self::record_readback_copy(encoder, ws, shape.out_words);
         })
         .map_err(|e| self.lift(e))
@@ -203,8 +219,40 @@ impl GpuBackend {
                 .map(|(b, d)| GpuRows::f32(b, 0).with_dtype(d.dtype())),
             ids: None,
         };
-        self.record_tree(&mut encoder, ws, tp, src)?;
+        self.record_tree(&mut encoder, ws, tp, src, Timestamps::None)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
+    }
+}
+
+impl GpuBackend {
+    /// Dispatches block_mass's tree entries over every window: the children's values, then per
+    /// sibling level 1 .. `levels − 1` the masses' partials and their fold.
+    fn record_tree_values(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+        levels: u32,
+    ) {
+        let windows = || shape.windows.iter().enumerate();
+        let offset = |i: usize| [(i as u64 * shape.slot_size) as u32];
+        pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree"));
+        for (i, w) in windows() {
+            pass.set_bind_group(0, &groups[i], &offset(i));
+            pass.dispatch_workgroups((w.row_end - w.row_begin) as u32, 1, 1);
+        }
+        for _ in 1..levels {
+            pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree_mass"));
+            for (i, w) in windows() {
+                pass.set_bind_group(0, &groups[i], &offset(i));
+                pass.dispatch_workgroups(shape.num_chunks, (w.row_end - w.row_begin) as u32, 1);
+            }
+            pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree_fold"));
+            for (i, w) in windows() {
+                pass.set_bind_group(0, &groups[i], &offset(i));
+                pass.dispatch_workgroups((w.row_end - w.row_begin).div_ceil(64) as u32, 1, 1);
+            }
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use super::{Backend, Verifier};
 use crate::batch::{TreePlan, TreeShapeIn};
 use crate::error::Error;
-use crate::gpu::{self, GpuDraft, GpuRows, Workspace};
+use crate::gpu::{self, GpuDraft, GpuRows, Timestamps, Workspace};
 use crate::tree::{TreeBatch, TreeFault, TreeOutput, TreeRequest};
 use rand_pcg::rand_core::Rng;
 
@@ -86,6 +86,18 @@ impl Verifier {
         encoder: &mut wgpu::CommandEncoder,
         batch: &GpuTreeBatch<'_>,
     ) -> Result<PendingTree, Error> {
+        self.record_tree_timed(encoder, batch, Timestamps::None)
+    }
+
+    /// [`Verifier::record_tree`] with GPU timestamps, as [`Verifier::record_timed`] takes them
+    /// (per kernel: the phases cutoff + row_stats, the tree walk with its merge and values, the
+    /// race's blocks, its merge).
+    pub fn record_tree_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        batch: &GpuTreeBatch<'_>,
+        timestamps: Timestamps<'_>,
+    ) -> Result<PendingTree, Error> {
         let Backend::Gpu(g) = &self.backend else {
             return Err(Error::NotGpu);
         };
@@ -103,7 +115,7 @@ impl Verifier {
                 draft,
                 ids: None,
             };
-            if let Err(e) = g.record_tree(encoder, &mut ws, &plan, src) {
+            if let Err(e) = g.record_tree(encoder, &mut ws, &plan, src, timestamps) {
                 g.give_back(ws);
                 return Err(e);
             }
