@@ -454,13 +454,100 @@ fn widen8(w: vec4<u32>) -> Eight {
     );
 }
 
-// Entries y .. y+7 of the half target row at element `base` (y a multiple of 8); -inf past V.
-// With PARAM_VEC4 (V % 8 == 0, rows on 16-byte boundaries) one 16-byte load.
-fn load8_target(base: u32, y: u32, vec4_path: bool) -> Eight {
+// Entries y .. y+7 of the half target row at element `base` (y a multiple of 8) as raw halves,
+// two per word, the lower entry in the low bits; -inf past V. With PARAM_VEC4 (V % 8 == 0, rows
+// on 16-byte boundaries) one 16-byte load.
+fn load8_target(base: u32, y: u32, vec4_path: bool) -> vec4<u32> {
     if (vec4_path && y + 7u < params.vocab) {
-        return widen8(target_vec4[(base + y) / 8u]);
+        return target_vec4[(base + y) / 8u];
     }
-    return Eight(load_target(base, y, false), load_target(base, y + 4u, false));
+    var w = vec4<u32>(0u);
+    for (var i = 0u; i < 8u; i += 1u) {
+        var h = select(0xfc00u, 0xff80u, PLAIN_BF16); // -inf
+        let e = base + y + i;
+        if (y + i < params.vocab) {
+            h = (target_logits[e >> 1u] >> (16u * (e & 1u))) & 0xffffu;
+        }
+        w[i / 2u] |= h << (16u * (i & 1u));
+    }
+    return w;
+}
+
+// True when the 8 halves of `w` widen without special cases and push4's NaN / +inf tests would
+// find nothing: no exponent field all ones (±inf, NaN) and, for f16, none all zeros (±0,
+// subnormals). Two halves per word at once: adding one unit of the exponent's lowest bit to the
+// masked exponent carries into the sign bit's place exactly when the exponent is all ones
+// (bf16: (e << 7) + 0x80; f16: (e << 10) + 0x400), and adding 31 units to an f16 exponent reaches
+// it exactly when the exponent is not 0.
+fn ordinary8(w: vec4<u32>) -> bool {
+    let sign_bits = vec4<u32>(0x80008000u);
+    if (PLAIN_BF16) {
+        let top = ((w & vec4<u32>(0x7f807f80u)) + vec4<u32>(0x00800080u)) & sign_bits;
+        return ((top.x | top.y) | (top.z | top.w)) == 0u;
+    }
+    let e = w & vec4<u32>(0x7c007c00u);
+    let top = (e + vec4<u32>(0x04000400u)) & sign_bits;
+    let zero = ((e + vec4<u32>(0x7c007c00u)) & sign_bits) ^ sign_bits;
+    let bad = top | zero;
+    return ((bad.x | bad.y) | (bad.z | bad.w)) == 0u;
+}
+
+// widen8 for halves that pass ordinary8: bf16 as always; f16 normals by re-biasing the exponent
+// (the exact rule of f16_to_f32 for 1 <= e <= 30), both halves of each word in a few integer ops.
+fn widen8_ordinary(w: vec4<u32>) -> Eight {
+    if (PLAIN_BF16) {
+        return widen8(w);
+    }
+    let lo = bitcast<vec4<f32>>((((w & vec4<u32>(0x7fffu)) << vec4<u32>(13u)) + vec4<u32>(0x38000000u)) | ((w & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
+    let hi = bitcast<vec4<f32>>((((w >> vec4<u32>(3u)) & vec4<u32>(0x0fffe000u)) + vec4<u32>(0x38000000u)) | (w & vec4<u32>(0x80000000u)));
+    return Eight(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
+}
+
+// push4 for entries that are all finite (no NaN, no ±inf): the same operations in the same order
+// minus the tests that could not fire (NaN, +inf, -inf terms, a -inf maximum after the push), so
+// the same bits.
+fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with_ent: bool) -> Acc {
+    var r = acc;
+    let m4 = max(max(v.x, v.y), max(v.z, v.w));
+    if (m4 > r.m) {
+        var a = y + 3u;
+        if (v.z == m4) {
+            a = y + 2u;
+        }
+        if (v.y == m4) {
+            a = y + 1u;
+        }
+        if (v.x == m4) {
+            a = y;
+        }
+        if (with_ent) {
+            r.e = rescale_ent(r.m, r.s, r.e, m4, inv_t);
+        }
+        if (with_sum) {
+            r.s = rescale(r.m, r.s, m4, inv_t);
+        }
+        r.m = m4;
+        r.a = a;
+    }
+    if (with_sum) {
+        let z = (v - vec4<f32>(r.m)) * inv_t;
+        r.s = r.s + ((exp(z.x) + exp(z.y)) + (exp(z.z) + exp(z.w)));
+    }
+    if (with_ent) {
+        let z = (v - vec4<f32>(r.m)) * inv_t;
+        r.e = r.e + ((exp(z.x) * z.x + exp(z.y) * z.y) + (exp(z.z) * z.z + exp(z.w) * z.w));
+    }
+    return r;
+}
+
+// Entries y .. y+7 (raw halves `w`) pushed to the two lanes' states: ordinary groups (nearly all)
+// skip the special-value handling, the others take widen8 and push4.
+fn push8_halves(acc: Acc2, w: vec4<u32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc2 {
+    if (ordinary8(w)) {
+        let v = widen8_ordinary(w);
+        return Acc2(push4_finite(acc.a, v.lo, y, inv_t, with_sum, with_ent), push4_finite(acc.b, v.hi, y + 4u, inv_t, with_sum, with_ent));
+    }
+    return push8(acc, widen8(w), y, inv_t, with_sum, nan_flag, inf_flag, with_ent);
 }
 
 // The same for the draft-logit row, whose type may differ from the target's: f32 rows take two
@@ -518,23 +605,23 @@ fn half_chunks(job: RowJob, lane: u32) {
             let a5 = load8_target(t_base, y0 + 1280u, vec4_path);
             let a6 = load8_target(t_base, y0 + 1536u, vec4_path);
             let a7 = load8_target(t_base, y0 + 1792u, vec4_path);
-            t = push8(t, a0, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a1, y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a2, y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a3, y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a4, y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a5, y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a6, y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push8(t, a7, y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a0, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a1, y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a2, y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a3, y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a4, y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a5, y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a6, y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a7, y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             if (job.raw) {
-                w = push8(w, a0, y0, 1.0, true, 0u, 0u, false);
-                w = push8(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a4, y0 + 1024u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a5, y0 + 1280u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a6, y0 + 1536u, 1.0, true, 0u, 0u, false);
-                w = push8(w, a7, y0 + 1792u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a0, y0, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a4, y0 + 1024u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a5, y0 + 1280u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a6, y0 + 1536u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a7, y0 + 1792u, 1.0, true, 0u, 0u, false);
             }
             if (job.has_q_row) {
                 for (var e = 0u; e < 8u; e += 1u) {
