@@ -34,8 +34,9 @@ struct Params {
     cut_slice: u32,      // row entries per cutoff scan workgroup (tuning only, never changes results)
 }
 
-// Params::flags: rows of this window start on 16-byte boundaries (V % 4 == 0 and aligned bases),
-// so the statistics pass may use the vec4 views of the logits.
+// Params::flags: rows of this window start on 16-byte boundaries (V a multiple of a vec4's
+// elements, 4 f32 or 8 halves, and aligned bases), so the statistics pass may use the vec4 views
+// of the logits.
 const PARAM_VEC4: u32 = 1u;
 // Params::flags: some request sets top-k / top-p / min-p; `cutoffs` holds a logit cut-off per
 // target row (then per draft row, after total_rows) and entries below it count as -inf.

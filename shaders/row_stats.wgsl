@@ -9,6 +9,9 @@
 // lane i+s for s = 32 .. 1), and lane 0 writes the chunk's RowStats. The merge of the chunks of a
 // row (in chunk order) happens in the verify kernel. Rows whose logits start on 16-byte
 // boundaries are read with 16-byte loads (PARAM_VEC4); the order of operations is the same.
+// Half-precision target rows with no filters (PLAIN_F16 / PLAIN_BF16) take half_chunks: one
+// 16-byte load is 8 entries, two lanes' groups, and each invocation plays those two lanes (the
+// contract's order again, so the same bits as f32 rows holding the widened values).
 //
 // NaN rules (the same in the twin): a NaN logit counts as -inf for max / argmax / Σexp and sets
 // ROW_T_NAN; +inf sets ROW_T_POSINF. A row with either flag, or whose max is -inf (all -inf),
@@ -32,6 +35,7 @@
 override RAW_SUMS: bool = false;
 override ENTROPY: bool = false;
 // PLAIN_F32 (declared in rows.wgsl): f32 rows and no cut-off; skips the mask too.
+// PLAIN_F16 / PLAIN_BF16 (rows.wgsl): half target rows and no cut-off; half_chunks.
 
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {
@@ -205,38 +209,169 @@ fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag
     return r;
 }
 
-@compute @workgroup_size(64)
-fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let local_row = wid.y;
+// What every chunk of a row_stats workgroup shares: its row, where the rows start, the
+// request's temperature and which sums it keeps, the cut-offs and the block's chunks.
+struct RowJob {
+    row: u32,
+    t_base: u32,
+    d_base: u32,
+    drafted: i32,
+    inv_t: f32,
+    with_sum: bool,
+    has_q_row: bool,
+    raw: bool,
+    ent: bool,
+    vec4_path: bool,
+    cut: f32,
+    dcut: f32,
+    first_chunk: u32,
+    last_chunk: u32,
+}
+
+// The job of workgroup (block `bx`, window row `local_row`).
+fn row_job(bx: u32, local_row: u32) -> RowJob {
     let row = params.row_begin + local_row;
     let info4 = row_info[row];
     let req = requests[info4.x];
     let k_row = info4.y;
-    let drafted = bitcast<i32>(info4.z);
     let greedy = (req.flags & REQ_GREEDY) != 0u;
-    let inv_t = req.inv_temperature;
-    let with_sum = !greedy;
+    var job: RowJob;
+    job.row = row;
+    job.drafted = bitcast<i32>(info4.z);
+    job.inv_t = req.inv_temperature;
+    job.with_sum = !greedy;
     // Draft logits are reduced alongside the target row when the row scores a draft.
-    let has_q_row = params.draft_kind == DRAFT_LOGITS && k_row < req.num_drafts && !greedy;
-    let vec4_path = (params.flags & PARAM_VEC4) != 0u;
-    let raw = RAW_SUMS;
+    job.has_q_row = params.draft_kind == DRAFT_LOGITS && k_row < req.num_drafts && !greedy;
+    job.raw = RAW_SUMS;
     // The entropy numerator, only for rows of typical-acceptance requests.
-    let ent = ENTROPY && (req.flags & REQ_TYPICAL) != 0u && with_sum;
-    let t_base = params.t_elem_base + local_row * params.vocab;
+    job.ent = ENTROPY && (req.flags & REQ_TYPICAL) != 0u && job.with_sum;
+    job.vec4_path = (params.flags & PARAM_VEC4) != 0u;
+    job.t_base = params.t_elem_base + local_row * params.vocab;
     let d_row = info4.w;
-    let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
-    var cut = bitcast<f32>(NEG_INF_BITS);
-    var dcut = cut;
+    job.d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
+    job.cut = bitcast<f32>(NEG_INF_BITS);
+    job.dcut = job.cut;
     if ((params.flags & PARAM_CUTOFF) != 0u) {
-        cut = cutoffs[row];
+        job.cut = cutoffs[row];
         if (d_row != NO_INDEX) {
-            dcut = cutoffs[params.total_rows + d_row];
+            job.dcut = cutoffs[params.total_rows + d_row];
         }
     }
-    let first_chunk = wid.x * params.block_chunks;
-    let last_chunk = min(first_chunk + params.block_chunks, params.num_chunks);
+    job.first_chunk = bx * params.block_chunks;
+    job.last_chunk = min(job.first_chunk + params.block_chunks, params.num_chunks);
+    return job;
+}
 
-    for (var chunk = first_chunk; chunk < last_chunk; chunk += 1u) {
+// Lane `i`'s state in the workgroup arrays, for the fold.
+fn store_lane(i: u32, t: Acc, q: Acc, w: Acc) {
+    sh_m[i] = t.m;
+    sh_s[i] = t.s;
+    sh_a[i] = t.a;
+    sh_f[i] = t.flags | q.flags;
+    sh_qm[i] = q.m;
+    sh_qs[i] = q.s;
+    sh_wm[i] = w.m;
+    sh_ws[i] = w.s;
+    sh_e[i] = t.e;
+}
+
+// Folds the CHUNK_LANES lane states stored for chunk `chunk` as a tree (lane i takes lane i+s
+// for s = 32 .. 1) and writes the chunk's RowStats. Every invocation calls it (it holds the
+// barriers); it returns when the workgroup arrays are free again.
+fn finish_chunk(job: RowJob, lane: u32, chunk: u32) {
+    let inv_t = job.inv_t;
+    workgroupBarrier();
+    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let o = lane + stride;
+            let m_new = max(sh_m[lane], sh_m[o]);
+            if (job.ent) {
+                sh_e[lane] = rescale_ent(sh_m[lane], sh_s[lane], sh_e[lane], m_new, inv_t) + rescale_ent(sh_m[o], sh_s[o], sh_e[o], m_new, inv_t);
+            }
+            if (job.with_sum) {
+                sh_s[lane] = rescale(sh_m[lane], sh_s[lane], m_new, inv_t) + rescale(sh_m[o], sh_s[o], m_new, inv_t);
+            }
+            if (takes_other(sh_m[lane], sh_a[lane], sh_m[o], sh_a[o])) {
+                sh_a[lane] = sh_a[o];
+            }
+            sh_m[lane] = m_new;
+            sh_f[lane] = sh_f[lane] | sh_f[o];
+            if (job.raw) {
+                let wm_new = max(sh_wm[lane], sh_wm[o]);
+                sh_ws[lane] = rescale(sh_wm[lane], sh_ws[lane], wm_new, 1.0) + rescale(sh_wm[o], sh_ws[o], wm_new, 1.0);
+                sh_wm[lane] = wm_new;
+            }
+            if (job.has_q_row) {
+                let qm_new = max(sh_qm[lane], sh_qm[o]);
+                sh_qs[lane] = rescale(sh_qm[lane], sh_qs[lane], qm_new, inv_t) + rescale(sh_qm[o], sh_qs[o], qm_new, inv_t);
+                sh_qm[lane] = qm_new;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u) {
+        write_chunk(job, chunk);
+    }
+    // The next chunk reuses the workgroup arrays.
+    workgroupBarrier();
+}
+
+// Lane 0's part of finish_chunk: the folded state and the values at the drafted token.
+fn write_chunk(job: RowJob, chunk: u32) {
+    let begin = chunk * CHUNK;
+    var out: RowStats;
+    out.t_max = sh_m[0];
+    out.t_sum = sh_s[0];
+    out.t_arg = sh_a[0];
+    out.flags = sh_f[0];
+    out.q_max = sh_qm[0];
+    out.q_sum = sh_qs[0];
+    out.t_at_d = 0.0;
+    out.q_at_d = 0.0;
+    out.raw_max = sh_wm[0];
+    out.raw_sum = sh_ws[0];
+    out.t_ent = sh_e[0];
+    // The values at the drafted token come from the one chunk that holds it.
+    if (job.drafted >= 0 && u32(job.drafted) >= begin && u32(job.drafted) < begin + CHUNK) {
+        let dt = u32(job.drafted);
+        out.t_at_d = t_elem(job.t_base + dt);
+        if (out.t_at_d < job.cut) {
+            out.t_at_d = bitcast<f32>(NEG_INF_BITS); // cut off: p(d) = 0
+        }
+        if (params.draft_kind != DRAFT_NONE && dt < params.draft_vocab) {
+            out.q_at_d = d_elem(job.d_base + dt);
+            if (params.draft_kind == DRAFT_LOGITS && out.q_at_d < job.dcut) {
+                out.q_at_d = bitcast<f32>(NEG_INF_BITS);
+            }
+        }
+    }
+    chunk_stats[job.row * params.num_chunks + chunk] = out;
+}
+
+@compute @workgroup_size(64)
+fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let job = row_job(wid.x, wid.y);
+    if (PLAIN_F16 || PLAIN_BF16) {
+        half_chunks(job, lane);
+    } else {
+        word_chunks(job, lane);
+    }
+}
+
+// Rows of f32 (or of mixed / filtered types, through the dtype-dispatching loads): each
+// invocation is one lane of the contract. The vec4 loads read f32 only.
+fn word_chunks(job_in: RowJob, lane: u32) {
+    var job = job_in;
+    job.vec4_path = job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+    let inv_t = job.inv_t;
+    let with_sum = job.with_sum;
+    let ent = job.ent;
+    let cut = job.cut;
+    let dcut = job.dcut;
+    let t_base = job.t_base;
+    let d_base = job.d_base;
+    let vec4_path = job.vec4_path;
+    for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
         let begin = chunk * CHUNK;
         // Loads go out 8 at a time before any is used (named values, not an array: an array
         // indexed in a loop may live in slow local memory), so each lane keeps 128 bytes in
@@ -264,7 +399,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             t = push4(t, mask4(a5, cut), y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             t = push4(t, mask4(a6, cut), y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             t = push4(t, mask4(a7, cut), y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            if (raw) {
+            if (job.raw) {
                 w = push4(w, a0, y0, 1.0, true, 0u, 0u, false);
                 w = push4(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
                 w = push4(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
@@ -274,7 +409,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 w = push4(w, a6, y0 + 1536u, 1.0, true, 0u, 0u, false);
                 w = push4(w, a7, y0 + 1792u, 1.0, true, 0u, 0u, false);
             }
-            if (has_q_row) {
+            if (job.has_q_row) {
                 let b0 = load_draft(d_base, y0, vec4_path);
                 let b1 = load_draft(d_base, y0 + 256u, vec4_path);
                 let b2 = load_draft(d_base, y0 + 512u, vec4_path);
@@ -293,74 +428,216 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                 q = push4(q, mask4(b7, dcut), y0 + 1792u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
             }
         }
-        sh_m[lane] = t.m;
-        sh_s[lane] = t.s;
-        sh_a[lane] = t.a;
-        sh_f[lane] = t.flags | q.flags;
-        sh_qm[lane] = q.m;
-        sh_qs[lane] = q.s;
-        sh_wm[lane] = w.m;
-        sh_ws[lane] = w.s;
-        sh_e[lane] = t.e;
-        workgroupBarrier();
-        for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
-            if (lane < stride) {
-                let o = lane + stride;
-                let m_new = max(sh_m[lane], sh_m[o]);
-                if (ent) {
-                    sh_e[lane] = rescale_ent(sh_m[lane], sh_s[lane], sh_e[lane], m_new, inv_t) + rescale_ent(sh_m[o], sh_s[o], sh_e[o], m_new, inv_t);
-                }
-                if (with_sum) {
-                    sh_s[lane] = rescale(sh_m[lane], sh_s[lane], m_new, inv_t) + rescale(sh_m[o], sh_s[o], m_new, inv_t);
-                }
-                if (takes_other(sh_m[lane], sh_a[lane], sh_m[o], sh_a[o])) {
-                    sh_a[lane] = sh_a[o];
-                }
-                sh_m[lane] = m_new;
-                sh_f[lane] = sh_f[lane] | sh_f[o];
-                if (raw) {
-                    let wm_new = max(sh_wm[lane], sh_wm[o]);
-                    sh_ws[lane] = rescale(sh_wm[lane], sh_ws[lane], wm_new, 1.0) + rescale(sh_wm[o], sh_ws[o], wm_new, 1.0);
-                    sh_wm[lane] = wm_new;
-                }
-                if (has_q_row) {
-                    let qm_new = max(sh_qm[lane], sh_qm[o]);
-                    sh_qs[lane] = rescale(sh_qm[lane], sh_qs[lane], qm_new, inv_t) + rescale(sh_qm[o], sh_qs[o], qm_new, inv_t);
-                    sh_qm[lane] = qm_new;
+        store_lane(lane, t, q, w);
+        finish_chunk(job, lane, chunk);
+    }
+}
+
+// Entries y .. y+3 (lo) and y+4 .. y+7 (hi) of a row: the groups of two neighbouring lanes.
+struct Eight {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// Two lanes' states (lanes 2j and 2j+1 of the contract).
+struct Acc2 {
+    a: Acc,
+    b: Acc,
+}
+
+// The 8 half values of one 16-byte word group in the PLAIN_F16 / PLAIN_BF16 type, in order: the
+// low half of each word comes first (little-endian rows).
+fn widen8(w: vec4<u32>) -> Eight {
+    return Eight(
+        vec4<f32>(plain_half(w.x, 0u), plain_half(w.x, 1u), plain_half(w.y, 0u), plain_half(w.y, 1u)),
+        vec4<f32>(plain_half(w.z, 0u), plain_half(w.z, 1u), plain_half(w.w, 0u), plain_half(w.w, 1u)),
+    );
+}
+
+// Entries y .. y+7 of the half target row at element `base` (y a multiple of 8) as raw halves,
+// two per word, the lower entry in the low bits; -inf past V. With PARAM_VEC4 (V % 8 == 0, rows
+// on 16-byte boundaries) one 16-byte load.
+fn load8_target(base: u32, y: u32, vec4_path: bool) -> vec4<u32> {
+    if (vec4_path && y + 7u < params.vocab) {
+        return target_vec4[(base + y) / 8u];
+    }
+    var w = vec4<u32>(0u);
+    for (var i = 0u; i < 8u; i += 1u) {
+        var h = select(0xfc00u, 0xff80u, PLAIN_BF16); // -inf
+        let e = base + y + i;
+        if (y + i < params.vocab) {
+            h = (target_logits[e >> 1u] >> (16u * (e & 1u))) & 0xffffu;
+        }
+        w[i / 2u] |= h << (16u * (i & 1u));
+    }
+    return w;
+}
+
+// True when the 8 halves of `w` widen without special cases and push4's NaN / +inf tests would
+// find nothing: no exponent field all ones (±inf, NaN) and, for f16, none all zeros (±0,
+// subnormals). Two halves per word at once: adding one unit of the exponent's lowest bit to the
+// masked exponent carries into the sign bit's place exactly when the exponent is all ones
+// (bf16: (e << 7) + 0x80; f16: (e << 10) + 0x400), and adding 31 units to an f16 exponent reaches
+// it exactly when the exponent is not 0.
+fn ordinary8(w: vec4<u32>) -> bool {
+    let sign_bits = vec4<u32>(0x80008000u);
+    if (PLAIN_BF16) {
+        let top = ((w & vec4<u32>(0x7f807f80u)) + vec4<u32>(0x00800080u)) & sign_bits;
+        return ((top.x | top.y) | (top.z | top.w)) == 0u;
+    }
+    let e = w & vec4<u32>(0x7c007c00u);
+    let top = (e + vec4<u32>(0x04000400u)) & sign_bits;
+    let zero = ((e + vec4<u32>(0x7c007c00u)) & sign_bits) ^ sign_bits;
+    let bad = top | zero;
+    return ((bad.x | bad.y) | (bad.z | bad.w)) == 0u;
+}
+
+// widen8 for halves that pass ordinary8: bf16 as always; f16 normals by re-biasing the exponent
+// (the exact rule of f16_to_f32 for 1 <= e <= 30), both halves of each word in a few integer ops.
+fn widen8_ordinary(w: vec4<u32>) -> Eight {
+    if (PLAIN_BF16) {
+        return widen8(w);
+    }
+    let lo = bitcast<vec4<f32>>((((w & vec4<u32>(0x7fffu)) << vec4<u32>(13u)) + vec4<u32>(0x38000000u)) | ((w & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
+    let hi = bitcast<vec4<f32>>((((w >> vec4<u32>(3u)) & vec4<u32>(0x0fffe000u)) + vec4<u32>(0x38000000u)) | (w & vec4<u32>(0x80000000u)));
+    return Eight(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
+}
+
+// push4 for entries that are all finite (no NaN, no ±inf): the same operations in the same order
+// minus the tests that could not fire (NaN, +inf, -inf terms, a -inf maximum after the push), so
+// the same bits.
+fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with_ent: bool) -> Acc {
+    var r = acc;
+    let m4 = max(max(v.x, v.y), max(v.z, v.w));
+    if (m4 > r.m) {
+        var a = y + 3u;
+        if (v.z == m4) {
+            a = y + 2u;
+        }
+        if (v.y == m4) {
+            a = y + 1u;
+        }
+        if (v.x == m4) {
+            a = y;
+        }
+        if (with_ent) {
+            r.e = rescale_ent(r.m, r.s, r.e, m4, inv_t);
+        }
+        if (with_sum) {
+            r.s = rescale(r.m, r.s, m4, inv_t);
+        }
+        r.m = m4;
+        r.a = a;
+    }
+    if (with_sum) {
+        let z = (v - vec4<f32>(r.m)) * inv_t;
+        r.s = r.s + ((exp(z.x) + exp(z.y)) + (exp(z.z) + exp(z.w)));
+    }
+    if (with_ent) {
+        let z = (v - vec4<f32>(r.m)) * inv_t;
+        r.e = r.e + ((exp(z.x) * z.x + exp(z.y) * z.y) + (exp(z.z) * z.z + exp(z.w) * z.w));
+    }
+    return r;
+}
+
+// Entries y .. y+7 (raw halves `w`) pushed to the two lanes' states: ordinary groups (nearly all)
+// skip the special-value handling, the others take widen8 and push4.
+fn push8_halves(acc: Acc2, w: vec4<u32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc2 {
+    if (ordinary8(w)) {
+        let v = widen8_ordinary(w);
+        return Acc2(push4_finite(acc.a, v.lo, y, inv_t, with_sum, with_ent), push4_finite(acc.b, v.hi, y + 4u, inv_t, with_sum, with_ent));
+    }
+    return push8(acc, widen8(w), y, inv_t, with_sum, nan_flag, inf_flag, with_ent);
+}
+
+// The same for the draft-logit row, whose type may differ from the target's: f32 rows take two
+// 16-byte loads, rows of the target's half type one, others the dtype-dispatching loads.
+fn load8_draft(base: u32, y: u32, vec4_path: bool) -> Eight {
+    if (vec4_path && y + 7u < params.draft_vocab) {
+        let d_half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+        if (d_half == 0u) {
+            let i = (base + y) / 4u;
+            return Eight(bitcast<vec4<f32>>(draft_vec4[i]), bitcast<vec4<f32>>(draft_vec4[i + 1u]));
+        }
+        if (d_half == (params.flags & (PARAM_T_F16 | PARAM_T_BF16))) {
+            return widen8(draft_vec4[(base + y) / 8u]);
+        }
+    }
+    return Eight(load_draft(base, y, false), load_draft(base, y + 4u, false));
+}
+
+// push4 for two neighbouring lanes' groups at y and y+4.
+fn push8(acc: Acc2, v: Eight, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc2 {
+    return Acc2(
+        push4(acc.a, v.lo, y, inv_t, with_sum, nan_flag, inf_flag, with_ent),
+        push4(acc.b, v.hi, y + 4u, inv_t, with_sum, nan_flag, inf_flag, with_ent),
+    );
+}
+
+// Half-precision target rows and no filters (PLAIN_F16 / PLAIN_BF16). One 16-byte load holds 8
+// entries: the groups of lanes 2j and 2j+1 of the contract at the same step. So invocation j
+// plays both lanes through all their steps, in the contract's order (the sums are bit for bit
+// those of word_chunks and of the twin), and the 64 invocations reduce two chunks at once:
+// invocations 0-31 the first of a pair, 32-63 the second. The two chunks then fold one after
+// the other through finish_chunk. No cut-offs here, so no mask.
+fn half_chunks(job: RowJob, lane: u32) {
+    let side = lane / 32u;
+    let j = lane % 32u;
+    let inv_t = job.inv_t;
+    let with_sum = job.with_sum;
+    let ent = job.ent;
+    let t_base = job.t_base;
+    let d_base = job.d_base;
+    let vec4_path = job.vec4_path;
+    for (var pair = job.first_chunk; pair < job.last_chunk; pair += 2u) {
+        let chunk = pair + side;
+        var t = Acc2(acc_new(), acc_new());
+        var q = t;
+        var w = t;
+        // 8 loads (128 bytes) in flight per invocation, as in word_chunks.
+        for (var h = 0u; h < CHUNK_STEPS && chunk < job.last_chunk; h += 8u) {
+            let y0 = chunk * CHUNK + 8u * j + 4u * CHUNK_LANES * h;
+            let a0 = load8_target(t_base, y0, vec4_path);
+            let a1 = load8_target(t_base, y0 + 256u, vec4_path);
+            let a2 = load8_target(t_base, y0 + 512u, vec4_path);
+            let a3 = load8_target(t_base, y0 + 768u, vec4_path);
+            let a4 = load8_target(t_base, y0 + 1024u, vec4_path);
+            let a5 = load8_target(t_base, y0 + 1280u, vec4_path);
+            let a6 = load8_target(t_base, y0 + 1536u, vec4_path);
+            let a7 = load8_target(t_base, y0 + 1792u, vec4_path);
+            t = push8_halves(t, a0, y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a1, y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a2, y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a3, y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a4, y0 + 1024u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a5, y0 + 1280u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a6, y0 + 1536u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push8_halves(t, a7, y0 + 1792u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            if (job.raw) {
+                w = push8_halves(w, a0, y0, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a4, y0 + 1024u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a5, y0 + 1280u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a6, y0 + 1536u, 1.0, true, 0u, 0u, false);
+                w = push8_halves(w, a7, y0 + 1792u, 1.0, true, 0u, 0u, false);
+            }
+            if (job.has_q_row) {
+                for (var e = 0u; e < 8u; e += 1u) {
+                    let y = y0 + 256u * e;
+                    q = push8(q, load8_draft(d_base, y, vec4_path), y, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
                 }
             }
-            workgroupBarrier();
         }
-        if (lane == 0u) {
-            var out: RowStats;
-            out.t_max = sh_m[0];
-            out.t_sum = sh_s[0];
-            out.t_arg = sh_a[0];
-            out.flags = sh_f[0];
-            out.q_max = sh_qm[0];
-            out.q_sum = sh_qs[0];
-            out.t_at_d = 0.0;
-            out.q_at_d = 0.0;
-            out.raw_max = sh_wm[0];
-            out.raw_sum = sh_ws[0];
-            out.t_ent = sh_e[0];
-            // The values at the drafted token come from the one chunk that holds it.
-            if (drafted >= 0 && u32(drafted) >= begin && u32(drafted) < begin + CHUNK) {
-                let dt = u32(drafted);
-                out.t_at_d = t_elem(t_base + dt);
-                if (out.t_at_d < cut) {
-                    out.t_at_d = bitcast<f32>(NEG_INF_BITS); // cut off: p(d) = 0
+        for (var s = 0u; s < 2u; s += 1u) {
+            if (pair + s < job.last_chunk) {
+                if (side == s) {
+                    store_lane(2u * j, t.a, q.a, w.a);
+                    store_lane(2u * j + 1u, t.b, q.b, w.b);
                 }
-                if (params.draft_kind != DRAFT_NONE && dt < params.draft_vocab) {
-                    out.q_at_d = d_elem(d_base + dt);
-                    if (params.draft_kind == DRAFT_LOGITS && out.q_at_d < dcut) {
-                        out.q_at_d = bitcast<f32>(NEG_INF_BITS);
-                    }
-                }
+                finish_chunk(job, lane, pair + s);
             }
-            chunk_stats[row * params.num_chunks + chunk] = out;
         }
-        // The next chunk reuses the workgroup arrays.
-        workgroupBarrier();
     }
 }

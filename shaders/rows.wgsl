@@ -15,11 +15,28 @@
 // 12-45 % on an H200 even when unused (measured with `bench`), hence a specialisation. In the
 // other kernels it stays false and the branch compiles away.
 override PLAIN_F32: bool = false;
+// PLAIN_F16 / PLAIN_BF16 (row_stats only, at most one set): the target rows are f16 / bf16 and no
+// request filters; the draft rows may be of any type (they keep the dtype-dispatching loads).
+override PLAIN_F16: bool = false;
+override PLAIN_BF16: bool = false;
+
+// Half value `i` (0 or 1: low or high 16 bits) of a word of target rows in the PLAIN_F16 /
+// PLAIN_BF16 type, widened exactly: bf16 is the high half of an f32; binary16 goes through
+// f16_to_f32 (unpack2x16float would need a capability that not every device has).
+fn plain_half(word: u32, i: u32) -> f32 {
+    if (PLAIN_BF16) {
+        return bitcast<f32>(select(word << 16u, word & 0xffff0000u, i != 0u));
+    }
+    return f16_to_f32(select(word & 0xffffu, word >> 16u, i != 0u));
+}
 
 // Element i of the target / draft binding, whatever its element type.
 fn t_elem(i: u32) -> f32 {
     if (PLAIN_F32) {
         return bitcast<f32>(target_logits[i]);
+    }
+    if (PLAIN_F16 || PLAIN_BF16) {
+        return plain_half(target_logits[i >> 1u], i & 1u);
     }
     let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
     return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);

@@ -112,7 +112,8 @@ pub struct Params {
     pub cut_slice: u32,
 }
 
-/// `Params::flags`: the window's rows start on 16-byte boundaries; 16-byte loads are allowed.
+/// `Params::flags`: the window's rows start on 16-byte boundaries (for their element types);
+/// 16-byte loads are allowed.
 pub const PARAM_VEC4: u32 = 1;
 /// `Params::flags`: some request filters its rows: the cut-offs buffer is valid and applied.
 pub const PARAM_CUTOFF: u32 = 2;

@@ -5,7 +5,8 @@
 mod common;
 use common::*;
 use specdec::{
-    bf16_to_f32, f16_to_f32, Draft, Dtype, GpuDraft, GpuRows, GpuVerifyBatch, Logits, VerifyBatch,
+    bf16_to_f32, f16_to_f32, Draft, Dtype, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Rule,
+    VerifyBatch,
 };
 
 #[test]
@@ -183,6 +184,30 @@ fn half_rows_give_the_tokens_of_their_f32_copy() {
     });
 }
 
+/// `rows` in a new GPU buffer, `offset` bytes in (zeros before, padding after).
+fn upload(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    rows: Logits<'_>,
+    offset: u64,
+) -> (wgpu::Buffer, Dtype) {
+    let bytes: Vec<u8> = match rows {
+        Logits::F32(x) => bytemuck::cast_slice(x).to_vec(),
+        Logits::F16(x) | Logits::Bf16(x) => bytemuck::cast_slice(x).to_vec(),
+    };
+    let mut padded = vec![0u8; offset as usize];
+    padded.extend(bytes);
+    padded.resize(padded.len().next_multiple_of(4) + 4, 0);
+    let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test.half_rows"),
+        size: padded.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&buf, 0, &padded);
+    (buf, rows.dtype())
+}
+
 /// Half rows read in place from GPU buffers, starting at odd element offsets (2 bytes past a
 /// word boundary), give the tokens of the host f32 copy.
 #[test]
@@ -192,23 +217,7 @@ fn half_rows_in_gpu_buffers_at_odd_offsets() {
     for (dtype, kind) in [(Dtype::F16, 2u8), (Dtype::Bf16, 0), (Dtype::F16, 1)] {
         let (o, t, d) = pair(77 + kind as u64, dtype, dtype, kind);
         let want = cpu().verify_blocking(&o.batch()).unwrap();
-        let make = |rows: Logits<'_>, offset: u64| {
-            let bytes: Vec<u8> = match rows {
-                Logits::F32(x) => bytemuck::cast_slice(x).to_vec(),
-                Logits::F16(x) | Logits::Bf16(x) => bytemuck::cast_slice(x).to_vec(),
-            };
-            let mut padded = vec![0u8; offset as usize];
-            padded.extend(bytes);
-            padded.resize(padded.len().next_multiple_of(4) + 4, 0);
-            let buf = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("test.half_rows"),
-                size: padded.len() as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            queue.write_buffer(&buf, 0, &padded);
-            (buf, rows.dtype())
-        };
+        let make = |rows, offset| upload(device, queue, rows, offset);
         let (tb, tt) = make(t, 258);
         let (db, dt) = make(if d.is_empty() { Logits::F32(&[0.0]) } else { d }, 6);
         let batch = GpuVerifyBatch {
@@ -258,4 +267,163 @@ fn half_rows_in_gpu_buffers_at_odd_offsets() {
         .err()
         .expect("odd byte offset refused");
     assert!(err.to_string().contains("offset"), "{err}");
+}
+
+/// Target rows for the plain half path: random half values (`halves`), each row's maximum
+/// planted again beside it inside the same 16-byte load (entry i ^ 4: the other lane of the
+/// pair one invocation plays), in the next chunk and at the last entry (argmax ties, lowest
+/// index wins), a few −inf entries, and special rows, each the first row of a request (so it is
+/// always read): row 4 with a +inf, row 6 with a NaN, row 10 (a greedy request's) all −inf but
+/// f16 subnormals (their order decides the argmax) or tiny bf16 normals.
+fn plain_rows(g: &mut Gen, dtype: Dtype, rows: usize, vocab: usize) -> (Vec<u16>, Vec<f32>) {
+    let (mut bits, _) = halves(g, rows * vocab, dtype);
+    let widen = |h: u16| match dtype {
+        Dtype::F16 => f16_to_f32(h),
+        _ => bf16_to_f32(h),
+    };
+    let (neg_inf, nan, pos_inf) = match dtype {
+        Dtype::F16 => (0xfc00, 0x7e00, 0x7c00),
+        _ => (0xff80, 0x7fc0, 0x7f80),
+    };
+    for (r, row) in bits.chunks_mut(vocab).enumerate() {
+        if r == 10 {
+            for h in row.iter_mut() {
+                *h = match (g.below(3), dtype) {
+                    (0, _) => neg_inf,
+                    (_, Dtype::F16) => 1 + g.below(0x3ff) as u16,
+                    _ => 0x0080 | g.below(0x7f) as u16,
+                };
+            }
+        }
+        for _ in 0..8 {
+            row[g.below(vocab)] = neg_inf;
+        }
+        let best = (0..vocab).fold(0, |b, i| if widen(row[i]) > widen(row[b]) { i } else { b });
+        for at in [best ^ 4, (best + 4096) % vocab, vocab - 1] {
+            row[at.min(vocab - 1)] = row[best];
+        }
+        match r {
+            4 => row[g.below(vocab)] = pos_inf,
+            6 => row[g.below(vocab)] = nan,
+            _ => {}
+        }
+    }
+    let wide = bits.iter().map(|&h| widen(h)).collect();
+    (bits, wide)
+}
+
+/// One case of the plain half path: target type, vocabulary, byte offset of the GPU rows, draft
+/// kind (0 one-hot, 1 probabilities, 2 logits), draft type, and whether requests filter.
+type PlainCase = (Dtype, u32, u64, u8, Dtype, bool);
+
+/// A batch of `case`: greedy and sampled requests (some with processed and raw logprobs, one
+/// typical), half target rows from `plain_rows`; returns it with its rows in `case`'s types.
+fn plain_batch(seed: u64, case: PlainCase) -> (Owned, Logits<'static>, Logits<'static>) {
+    let (dtype, vocab, _, kind, d_dtype, filters) = case;
+    let mut g = Gen::new(seed);
+    let ks = [3, 1, 2, 0, 4, 2];
+    let mut o = Owned::random(&mut g, vocab, &ks, &[0.0, 1.0, 0.7, 1.3], kind, 0.5);
+    for (i, r) in o.requests.iter_mut().enumerate() {
+        r.params = match i % 3 {
+            1 => r.params.with_logprobs(true),
+            2 => r.params.with_logprobs(false),
+            _ => r.params,
+        };
+        if i == 5 {
+            r.params.rule = Rule::Typical;
+        }
+        if filters && i % 2 == 1 {
+            r.params = r.params.with_top_k(50).with_top_p(0.9);
+        }
+    }
+    let rows = o.target.len() / vocab as usize;
+    let (tb, tw) = plain_rows(&mut g, dtype, rows, vocab as usize);
+    o.target = tw.clone();
+    let t = logits(dtype, &tb, &tw);
+    let d = match kind {
+        0 => Logits::F32(&[]),
+        1 => logits(Dtype::F32, &[], &o.draft),
+        _ => {
+            let (db, dw) = halves(&mut g, o.draft.len(), d_dtype);
+            o.draft = dw.clone();
+            logits(d_dtype, &db, &dw)
+        }
+    };
+    (o, t, d)
+}
+
+/// Half target rows with no filters take row_stats' plain half path (8 entries per 16-byte
+/// load, two contract lanes per invocation): its output is bit for bit that of the f32 copy of
+/// the same values on the same GPU (logprobs included), and equal to the CPU twin's. Shapes:
+/// vocabularies that are and are not multiples of 8, several chunks per workgroup (chunk pairs
+/// and a lone last chunk), rows at byte offsets that start mid-vec4 or mid-word, several
+/// windows, draft rows in f32, in the target's type and in the other half type; then a
+/// filtered half batch and an f32 target with bf16 drafts on the general path.
+#[test]
+fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().unwrap();
+    // One workgroup per row (every chunk of a row in one block) and windows of a few rows.
+    let packed = specdec::Verifier::with_device(
+        device.clone(),
+        queue.clone(),
+        specdec::VerifierOptions {
+            target_workgroups: 1,
+            max_binding_bytes: Some(1 << 17),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (f16, bf16, f32) = (Dtype::F16, Dtype::Bf16, Dtype::F32);
+    let cases: [PlainCase; 11] = [
+        (bf16, 12288, 0, 0, f32, false),
+        (f16, 12288, 0, 2, f16, false),
+        (bf16, 8200, 0, 2, f32, false),
+        (f16, 20480, 0, 1, bf16, false),
+        (bf16, 4100, 0, 2, bf16, false),
+        (f16, 9999, 0, 2, f16, false),
+        (bf16, 12288, 8, 2, bf16, false),
+        (f16, 12288, 2, 0, f32, false),
+        (bf16, 12288, 0, 2, f16, false),
+        (bf16, 12288, 0, 2, bf16, true),
+        (f32, 12288, 0, 2, bf16, false),
+    ];
+    for (n, case) in cases.into_iter().enumerate() {
+        let (o, t, d) = plain_batch(500 + n as u64, case);
+        let twin = cpu().verify_blocking(&with_rows(&o, t, d)).unwrap();
+        let offset = case.2;
+        let (tb, tt) = upload(device, queue, t, offset);
+        let (db, dt) = upload(
+            device,
+            queue,
+            if d.is_empty() { Logits::F32(&[0.0]) } else { d },
+            0,
+        );
+        let batch = GpuVerifyBatch {
+            vocab_size: o.vocab,
+            requests: &o.requests,
+            draft_token_ids: &o.drafts,
+            target_logits: GpuRows::f32(&tb, offset).with_dtype(tt),
+            draft: match case.3 {
+                0 => GpuDraft::OneHot,
+                1 => GpuDraft::Probs(GpuRows::f32(&db, 0).with_dtype(dt)),
+                _ => GpuDraft::Logits(GpuRows::f32(&db, 0).with_dtype(dt)),
+            },
+            draft_vocab_size: None,
+            synthetic_rates: None,
+        };
+        for verifier in [v, &packed] {
+            let want = verifier.verify_blocking(&o.batch()).unwrap();
+            let mut encoder =
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let pending = verifier.record(&mut encoder, &batch).unwrap();
+            queue.submit([encoder.finish()]);
+            let got = verifier.read_blocking(pending).unwrap();
+            assert_eq!(got, want, "case {case:?}: half rows vs their f32 copy");
+            let diffs = twin_differences(&got, &twin);
+            assert!(diffs.is_empty(), "case {case:?}: GPU vs twin {diffs:?}");
+        }
+        let statuses: Vec<_> = twin.status.iter().map(|s| format!("{s:?}")).collect();
+        println!("case {case:?}: statuses {statuses:?}");
+    }
 }

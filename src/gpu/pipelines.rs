@@ -22,14 +22,19 @@ pub(super) const SPECIAL_RAW: u32 = 1;
 pub(super) const SPECIAL_ENTROPY: u32 = 2;
 /// row_stats specialisation: f32 rows and no cut-off (plain loads, no mask).
 pub(super) const SPECIAL_PLAIN_F32: u32 = 4;
+/// row_stats specialisation: f16 target rows and no cut-off (8 entries per 16-byte load).
+pub(super) const SPECIAL_PLAIN_F16: u32 = 8;
+/// row_stats specialisation: bf16 target rows and no cut-off (8 entries per 16-byte load).
+pub(super) const SPECIAL_PLAIN_BF16: u32 = 16;
 
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
 /// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
 fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
-        // Every combination of SPECIAL_RAW, SPECIAL_ENTROPY and SPECIAL_PLAIN_F32.
-        Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7],
+        // Every combination of SPECIAL_RAW and SPECIAL_ENTROPY with none or one of the
+        // SPECIAL_PLAIN_* bits.
+        Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19],
         // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
         // specialisation keeps their rescaling out of the chunk merge when they are off.
         Kernel::Verify => &[0, 1, 2, 3],
@@ -145,6 +150,8 @@ fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static st
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
         constants.push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));
+        constants.push(("PLAIN_F16", f64::from((special & SPECIAL_PLAIN_F16) >> 3)));
+        constants.push(("PLAIN_BF16", f64::from((special & SPECIAL_PLAIN_BF16) >> 4)));
     }
     constants
 }

@@ -4,7 +4,9 @@
 //! 48-byte partial per (row, chunk)) for verify to merge.
 
 use super::bindings::{entry, params_entry, with_params};
-use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_PLAIN_F32, SPECIAL_RAW};
+use super::pipelines::{
+    SPECIAL_ENTROPY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_PLAIN_F32, SPECIAL_RAW,
+};
 use super::shape::Shape;
 use super::windows::WindowRows;
 use super::workspace::Workspace;
@@ -20,30 +22,35 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 }
 
 /// The row_stats specialisation of a batch: raw sums when some request asks for raw logprobs,
-/// the entropy numerator when some request uses typical acceptance, plain f32 loads when every
-/// row is f32 and nothing is cut.
+/// the entropy numerator when some request uses typical acceptance, and when nothing is cut,
+/// plain loads for the target's element type (f32 only when the draft rows are f32 too; the
+/// half paths read draft rows of any type).
 pub(super) fn special(
     plan: &Plan,
     filters: bool,
     target: GpuRows<'_>,
     draft: Option<GpuRows<'_>>,
 ) -> u32 {
-    (if plan.logprob_flags() & PARAM_RAW != 0 {
+    let raw = if plan.logprob_flags() & PARAM_RAW != 0 {
         SPECIAL_RAW
     } else {
         0
-    }) | if plan.reqs.iter().any(|r| r.flags & REQ_TYPICAL != 0) {
+    };
+    let ent = if plan.reqs.iter().any(|r| r.flags & REQ_TYPICAL != 0) {
         SPECIAL_ENTROPY
     } else {
         0
-    } | if !filters
-        && target.dtype == crate::Dtype::F32
-        && draft.is_none_or(|d| d.dtype == crate::Dtype::F32)
-    {
-        SPECIAL_PLAIN_F32
-    } else {
-        0
-    }
+    };
+    let plain = match target.dtype {
+        _ if filters => 0,
+        crate::Dtype::F32 if draft.is_none_or(|d| d.dtype == crate::Dtype::F32) => {
+            SPECIAL_PLAIN_F32
+        }
+        crate::Dtype::F32 => 0,
+        crate::Dtype::F16 => SPECIAL_PLAIN_F16,
+        crate::Dtype::Bf16 => SPECIAL_PLAIN_BF16,
+    };
+    raw | ent | plain
 }
 
 impl GpuBackend {

@@ -4,6 +4,7 @@
 //! the workspace is sized from it and every `record_*` dispatches by it.
 
 use super::cutoff::CutShape;
+use super::pipelines::{SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
 use crate::batch::Plan;
@@ -59,8 +60,14 @@ impl Shape {
         let windows = plan_windows(plan, max_rows);
         let block_len = g.residual_block_len(plan.vocab, n);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
-        let block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
         let filters = plan.filters();
+        let special = row_stats::special(plan, filters, target, draft);
+        let mut block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
+        // The plain half paths reduce chunks in pairs (row_stats.wgsl, half_chunks): an even
+        // count per workgroup keeps both halves of the workgroup busy on every pair.
+        if special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) != 0 {
+            block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
+        }
         let cut = CutShape::new(g, plan, &windows, filters);
         Shape {
             n,
@@ -72,7 +79,7 @@ impl Shape {
             num_chunks,
             block_chunks,
             stats_blocks: num_chunks.div_ceil(block_chunks),
-            special: row_stats::special(plan, filters, target, draft),
+            special,
             filters,
             block_masses: plan.block_masses(),
             needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),

@@ -155,14 +155,17 @@ pub(super) fn bind_window<'a>(
         }
         _ => (None, 0),
     };
-    // 16-byte loads when every row of the window starts on a 16-byte boundary (f32 only).
-    let vec4 = t_size == 4
-        && d_size == 4
-        && plan.vocab.is_multiple_of(4)
+    // 16-byte loads when every row of the window starts on a 16-byte boundary: the row length
+    // and the first row's element are multiples of a vec4's elements (4 f32 or 8 halves). Which
+    // kernels use them for which types: row_stats.wgsl.
+    let per_vec4 = |size: u64| (16 / size) as u32;
+    let vec4 = plan.vocab.is_multiple_of(per_vec4(t_size))
         && t_range.1 >= 16
-        && t_base.is_multiple_of(4)
+        && t_base.is_multiple_of(per_vec4(t_size))
         && d_range.is_none_or(|(_, (_, size))| {
-            plan.draft_vocab.is_multiple_of(4) && d_base.is_multiple_of(4) && size >= 16
+            plan.draft_vocab.is_multiple_of(per_vec4(d_size))
+                && d_base.is_multiple_of(per_vec4(d_size))
+                && size >= 16
         });
     let p = Params {
         flags: if vec4 { PARAM_VEC4 } else { 0 }

@@ -89,9 +89,9 @@ pub struct BenchConfig {
     pub shader_int64: bool,
     /// `top_p` of every non-greedy request (1.0: off); below 1 the cutoff pass runs.
     pub top_p: f32,
-    /// Target logits as bfloat16 (values rounded to bf16 first, so the f32 twin sees the same
+    /// Element type of the target logits (values rounded to it first, so the twin sees the same
     /// numbers); draft rows stay f32.
-    pub bf16: bool,
+    pub target_dtype: crate::Dtype,
     /// Every non-greedy request uses [`Rule::Block`] (with draft probabilities or logits this
     /// runs the block_mass pass and verify's block_settle entry).
     pub block: bool,
@@ -118,7 +118,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
             top_p: 1.0,
-            bf16: false,
+            target_dtype: crate::Dtype::F32,
             block: false,
             warm_s: 60.0,
         }
@@ -138,7 +138,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
             top_p: 1.0,
-            bf16: false,
+            target_dtype: crate::Dtype::F32,
             block: false,
             warm_s: 0.0,
         }
@@ -345,11 +345,11 @@ struct GpuBench {
     verifier: Verifier,
     cpu: Verifier,
     period_ns: f64,
-    /// Target logits, `max R · (max k + 1) · max V` values (bf16-rounded with `--bf16`).
+    /// Target logits, `max R · (max k + 1) · max V` values (rounded to `--bf16` / `--f16`).
     host_t: Vec<f32>,
     /// Draft logits, `max R · max k · max V` values.
     host_d: Vec<f32>,
-    /// Bytes per target logit on the GPU (2 for bf16, else 4).
+    /// Bytes per target logit on the GPU (2 for bf16 and f16, else 4).
     t_size: usize,
     t_buf: wgpu::Buffer,
     d_buf: wgpu::Buffer,
@@ -391,6 +391,20 @@ fn bench_device(
     Ok((info, device, queue, timestamps))
 }
 
+/// The binary16 bits of `x`, mantissa truncated; magnitudes below the smallest normal
+/// (2^-14) become a signed zero, above the largest finite the largest finite (the benchmark's
+/// 2·N(0,1) logits never reach either end).
+fn f16_truncated(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let e = ((b >> 23) & 0xff) as i32 - 127;
+    match e {
+        ..-14 => sign,
+        16.. => sign | 0x7bff,
+        _ => sign | (((e + 15) as u16) << 10) | ((b >> 13) & 0x3ff) as u16,
+    }
+}
+
 impl GpuBench {
     /// Generates the largest point's logits, uploads them and creates the timestamp buffers.
     fn new(
@@ -416,12 +430,19 @@ impl GpuBench {
         ));
         let mut host_t = vec![0f32; t_len];
         fill_normal(&mut host_t, 1, 2.0);
-        if cfg.bf16 {
-            for x in &mut host_t {
-                *x = f32::from_bits(x.to_bits() & 0xffff_0000);
-            }
+        // The target rows as the GPU reads them (16-bit types: bits), and their exact widening.
+        let half_bits: Vec<u16> = match cfg.target_dtype {
+            crate::Dtype::F32 => Vec::new(),
+            crate::Dtype::Bf16 => host_t.iter().map(|x| (x.to_bits() >> 16) as u16).collect(),
+            crate::Dtype::F16 => host_t.iter().map(|&x| f16_truncated(x)).collect(),
+        };
+        for (x, &h) in host_t.iter_mut().zip(&half_bits) {
+            *x = match cfg.target_dtype {
+                crate::Dtype::F16 => crate::f16_to_f32(h),
+                _ => crate::bf16_to_f32(h),
+            };
         }
-        let t_size = if cfg.bf16 { 2 } else { 4 };
+        let t_size = cfg.target_dtype.size() as usize;
         let mut host_d = vec![0f32; d_len];
         fill_normal(&mut host_d, 2, 2.0);
         let storage = wgpu::BufferUsages::STORAGE
@@ -438,9 +459,8 @@ impl GpuBench {
         let t_buf = make("bench.target", t_len * t_size);
         let d_buf = make("bench.draft_logits", d_len * 4);
         let p_buf = make("bench.draft_probs", d_len * 4);
-        if cfg.bf16 {
-            let bits: Vec<u16> = host_t.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-            let mut bytes: Vec<u8> = bytemuck::cast_slice(&bits).to_vec();
+        if !half_bits.is_empty() {
+            let mut bytes: Vec<u8> = bytemuck::cast_slice(&half_bits).to_vec();
             bytes.resize(bytes.len().next_multiple_of(4), 0);
             queue.write_buffer(&t_buf, 0, &bytes);
         } else {
@@ -495,11 +515,7 @@ impl GpuBench {
             vocab_size: v,
             requests: &requests,
             draft_token_ids: drafts,
-            target_logits: GpuRows::f32(&self.t_buf, 0).with_dtype(if cfg.bf16 {
-                crate::Dtype::Bf16
-            } else {
-                crate::Dtype::F32
-            }),
+            target_logits: GpuRows::f32(&self.t_buf, 0).with_dtype(cfg.target_dtype),
             draft: match mode {
                 BenchMode::DraftProbs => GpuDraft::Probs(GpuRows::f32(&self.p_buf, 0)),
                 BenchMode::DraftLogits => GpuDraft::Logits(GpuRows::f32(&self.d_buf, 0)),
@@ -1537,7 +1553,7 @@ Options:
   --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
-  --bf16              target logits as bfloat16 (draft rows stay f32)
+  --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
   --warm-s S          before timing, read for at least 10 s (S if less) and until the read
                       ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
@@ -1590,7 +1606,8 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--cpu" => cpu = true,
             "--no-baseline" => cfg.baseline_reps = 0,
             "--portable" => cfg.shader_int64 = false,
-            "--bf16" => cfg.bf16 = true,
+            "--bf16" => cfg.target_dtype = crate::Dtype::Bf16,
+            "--f16" => cfg.target_dtype = crate::Dtype::F16,
             "--block" => cfg.block = true,
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
