@@ -24,12 +24,13 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 /// The row_stats specialisation of a batch: raw sums when some request asks for raw logprobs,
 /// the entropy numerator when some request uses typical acceptance, and when nothing is cut,
 /// plain loads for the target's element type (f32 only when the draft rows are f32 too; the
-/// half paths read draft rows of any type).
+/// half paths read draft rows of any type, for batches of at least `half_min_chunks` chunks).
 pub(super) fn special(
     plan: &Plan,
     filters: bool,
     target: GpuRows<'_>,
     draft: Option<GpuRows<'_>>,
+    half_min_chunks: usize,
 ) -> u32 {
     let raw = if plan.logprob_flags() & PARAM_RAW != 0 {
         SPECIAL_RAW
@@ -41,8 +42,15 @@ pub(super) fn special(
     } else {
         0
     };
+    // The half paths take two chunks per workgroup, so small batches get half the workgroups:
+    // on an H200 at R = 1, k = 4 (5 rows of 151,936, 190 chunks) bf16 rows took 32.7 µs that way
+    // and 26.8 µs through the generic loads (two processes of one run), while from R = 32 (6,080 chunks) the half path was
+    // 1.2-2.1x faster (benches/results/nvidia-h200-vulkan-half-rows-*). Below `half_min_chunks`
+    // chunks the generic loads run.
+    let small = plan.total_rows * (plan.vocab.div_ceil(CHUNK as u32) as usize) < half_min_chunks;
     let plain = match target.dtype {
         _ if filters => 0,
+        crate::Dtype::F16 | crate::Dtype::Bf16 if small => 0,
         crate::Dtype::F32 if draft.is_none_or(|d| d.dtype == crate::Dtype::F32) => {
             SPECIAL_PLAIN_F32
         }
@@ -54,6 +62,12 @@ pub(super) fn special(
 }
 
 impl GpuBackend {
+    /// The fewest chunks for which half-precision rows take their plain path: an eighth of the
+    /// workgroups a pass aims for.
+    pub(super) fn half_min_chunks(&self) -> usize {
+        (self.target_workgroups / 8) as usize
+    }
+
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
     /// workgroups in all. Tuning only: the statistics never depend on it.
     pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {

@@ -61,7 +61,7 @@ impl Shape {
         let block_len = g.residual_block_len(plan.vocab, n);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
-        let special = row_stats::special(plan, filters, target, draft);
+        let special = row_stats::special(plan, filters, target, draft, g.half_min_chunks());
         let mut block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
         // The plain half paths reduce chunks in pairs (row_stats.wgsl, half_chunks): an even
         // count per workgroup keeps both halves of the workgroup busy on every pair.
