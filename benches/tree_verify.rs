@@ -16,6 +16,7 @@
 
 use std::process::ExitCode;
 
+use rand_pcg::rand_core::{Rng, SeedableRng};
 use specdec::tree::{TreeNode, TreeRequest};
 use specdec::{GpuDraft, GpuRows, GpuTreeBatch, GpuVerifyBatch, Request, SamplingParams};
 use specdec::{Timestamps, Verifier, VerifierOptions};
@@ -75,23 +76,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// SplitMix64, for reproducible shapes and values.
-struct Mix(u64);
+/// Reproducible shapes and values.
+struct Mix(rand_pcg::Pcg64);
 
 impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.0.next_u64() % n as u64) as usize
     }
     /// Approximately 2·N(0, 1) (sum of four uniforms, rescaled): cheap for a gigabyte.
     fn logit(&mut self) -> f32 {
-        let x = self.next();
+        let x = self.0.next_u64();
         let s: u32 = (0..4).map(|i| ((x >> (16 * i)) & 0xffff) as u32).sum();
         (s as f32 / 65536.0 - 2.0) * 2.0 * 1.732
     }
@@ -207,7 +201,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "{adapter}: {:.2} GB of logits and draft probabilities",
         8.0 * len as f64 / 1e9
     );
-    let mut m = Mix(1);
+    let mut m = Mix(rand_pcg::Pcg64::seed_from_u64(1));
     let logits: Vec<f32> = (0..len).map(|_| m.logit()).collect();
     let q = vec![1.0 / a.vocab as f32; len];
     let buffer = |data: &[f32]| {

@@ -67,6 +67,31 @@ fn term(c: MassCtx, y: u32) -> f32 {
     return max(c.rho * p - q, 0.0);
 }
 
+// The partial of Σ max(ρ p − q, 0) over chunk `chunk` of the row `ctx` describes, in the order
+// above (0 where `due` is false). Every lane of the workgroup calls it: it holds the barriers.
+fn chunk_mass(ctx: MassCtx, chunk: u32, lane: u32, due: bool) -> f32 {
+    var s = 0.0;
+    if (due) {
+        let first = chunk * CHUNK;
+        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
+            let y = first + 4u * (lane + CHUNK_LANES * i);
+            if (y >= params.vocab) {
+                break;
+            }
+            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
+        }
+    }
+    sh_sum[lane] = s;
+    workgroupBarrier();
+    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    return sh_sum[0];
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let chunk = wid.x;
@@ -88,27 +113,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         ctx.cut = cutoffs[row];
         ctx.dcut = cutoffs[params.total_rows + ri.w];
     }
-    var s = 0.0;
-    if (needed) {
-        let first = chunk * CHUNK;
-        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-            let y = first + 4u * (lane + CHUNK_LANES * i);
-            if (y >= params.vocab) {
-                break;
-            }
-            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
-        }
-    }
-    sh_sum[lane] = s;
-    workgroupBarrier();
-    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
-        }
-        workgroupBarrier();
-    }
+    let partial = chunk_mass(ctx, chunk, lane, needed);
     if (lane == 0u && needed) {
-        masses[row * params.num_chunks + chunk] = sh_sum[0];
+        masses[row * params.num_chunks + chunk] = partial;
     }
 }
 
@@ -211,28 +218,9 @@ fn tree_mass(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let chunk = wid.x;
     let row = params.row_begin + wid.y;
     let due = tree_mass_due(row);
-    var s = 0.0;
-    if (due) {
-        let ctx = tree_ctx(row);
-        let first = chunk * CHUNK;
-        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-            let y = first + 4u * (lane + CHUNK_LANES * i);
-            if (y >= params.vocab) {
-                break;
-            }
-            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
-        }
-    }
-    sh_sum[lane] = s;
-    workgroupBarrier();
-    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
-        }
-        workgroupBarrier();
-    }
+    let partial = chunk_mass(tree_ctx(row), chunk, lane, due);
     if (lane == 0u && due) {
-        masses[5u * params.total_rows + row * params.num_chunks + chunk] = sh_sum[0];
+        masses[5u * params.total_rows + row * params.num_chunks + chunk] = partial;
     }
 }
 

@@ -179,27 +179,7 @@ fn push4(acc: Acc, v_in: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag
     if (is_pos_inf(v.x) || is_pos_inf(v.y) || is_pos_inf(v.z) || is_pos_inf(v.w)) {
         r.flags |= inf_flag;
     }
-    let m4 = max(max(v.x, v.y), max(v.z, v.w));
-    if (m4 > r.m) {
-        var a = y + 3u;
-        if (v.z == m4) {
-            a = y + 2u;
-        }
-        if (v.y == m4) {
-            a = y + 1u;
-        }
-        if (v.x == m4) {
-            a = y;
-        }
-        if (with_ent) {
-            r.e = rescale_ent(r.m, r.s, r.e, m4, inv_t);
-        }
-        if (with_sum) {
-            r.s = rescale(r.m, r.s, m4, inv_t);
-        }
-        r.m = m4;
-        r.a = a;
-    }
+    r = take_max4(r, v, y, inv_t, with_sum, with_ent);
     if (with_sum && !is_neg_inf(r.m)) {
         r.s = r.s + ((term(v.x, r.m, inv_t) + term(v.y, r.m, inv_t)) + (term(v.z, r.m, inv_t) + term(v.w, r.m, inv_t)));
     }
@@ -503,10 +483,9 @@ fn widen8_ordinary(w: vec4<u32>) -> Eight {
     return Eight(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
 }
 
-// push4 for entries that are all finite (no NaN, no ±inf): the same operations in the same order
-// minus the tests that could not fire (NaN, +inf, -inf terms, a -inf maximum after the push), so
-// the same bits.
-fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with_ent: bool) -> Acc {
+// A new maximum among entries y .. y+3 (values `v`): it takes the lowest index holding it and
+// rescales the sums once (shared by push4 and push4_finite).
+fn take_max4(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with_ent: bool) -> Acc {
     var r = acc;
     let m4 = max(max(v.x, v.y), max(v.z, v.w));
     if (m4 > r.m) {
@@ -529,6 +508,15 @@ fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with
         r.m = m4;
         r.a = a;
     }
+    return r;
+}
+
+// push4 for entries that are all finite (no NaN, no ±inf): the same operations in the same order
+// minus the tests that could not fire (NaN, +inf, -inf terms, a -inf maximum after the push), so
+// the same bits.
+fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with_ent: bool) -> Acc {
+    var r = acc;
+    r = take_max4(r, v, y, inv_t, with_sum, with_ent);
     if (with_sum) {
         let z = (v - vec4<f32>(r.m)) * inv_t;
         r.s = r.s + ((exp(z.x) + exp(z.y)) + (exp(z.z) + exp(z.w)));

@@ -785,16 +785,8 @@ fn gpu_tree_verification_equals_the_cpu() {
     // Logprobs to f32 rounding of exp / log (as for chains); the rest exactly, except that on
     // a GPU whose exp / log differ from the CPU's by an ulp a decision within rounding of its
     // threshold may go the other way (common::twin_slack; none on llvmpipe).
-    let close = |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>| match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => {
-            a.len() == b.len()
-                && a.iter().zip(b).all(|(x, y)| {
-                    x.is_nan() && y.is_nan() || (x - y).abs() <= 1e-5 * (1.0 + x.abs())
-                })
-        }
-        _ => false,
-    };
+    let close =
+        |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>| logprobs_close(a.as_deref(), b.as_deref());
     let (slack, _) = twin_slack(gpu);
     let mut differing = Vec::new();
     for &vocab in &[64usize, 5003, 9000] {

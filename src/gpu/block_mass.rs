@@ -27,6 +27,17 @@ impl GpuBackend {
         if !shape.block_masses {
             return Vec::new();
         }
+        self.mass_groups_over(ws, rows, ws.row_info.get())
+    }
+
+    /// One block_mass bind group per window with `table` at binding 4 (`row_info` for chains,
+    /// the tree table for trees; `masses` holds the block masses or the tree values).
+    pub(super) fn mass_groups_over(
+        &self,
+        ws: &Workspace,
+        rows: &[WindowRows<'_>],
+        table: &wgpu::Buffer,
+    ) -> Vec<wgpu::BindGroup> {
         rows.iter()
             .map(|r| {
                 self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -37,7 +48,7 @@ impl GpuBackend {
                         r.target(),
                         r.draft(&self.dummy),
                         entry(3, ws.requests.get()),
-                        entry(4, ws.row_info.get()),
+                        entry(4, table),
                         entry(5, ws.row_stats.get()),
                         entry(6, ws.cutoffs.get()),
                         entry(7, ws.masses.get()),

@@ -10,11 +10,11 @@
 //! (`masses` of block_mass, `rates` of verify), and the walk's results for the residual pass in
 //! scratch words after the packed output, which only the accepted nodes of are read back.
 
-use super::bindings::{entry, params_entry, scoped};
+use super::bindings::scoped;
 use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW};
 use super::shape::Shape;
 use super::workspace::Workspace;
-use super::{checks, GpuBackend, GpuRows, Sources, Timestamps};
+use super::{checks, GpuBackend, Sources, Timestamps};
 use crate::batch::{Status, TreePlan};
 use crate::error::Error;
 use crate::layout::*;
@@ -130,40 +130,9 @@ impl GpuBackend {
         scoped(&self.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &rows);
-            let values: Vec<wgpu::BindGroup> = rows
-                .iter()
-                .map(|r| {
-                    dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: Some("specdec.block_mass.tree"),
-                        layout: &self.layouts[&Kernel::BlockMass],
-                        entries: &[
-                            params_entry(ws),
-                            r.target(),
-                            r.draft(&self.dummy),
-                            entry(3, ws.requests.get()),
-                            entry(4, ws.draft_ids.get()),
-                            entry(5, ws.row_stats.get()),
-                            entry(6, ws.cutoffs.get()),
-                            entry(7, ws.masses.get()),
-                        ],
-                    })
-                })
-                .collect();
-            let walk = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("specdec.verify.tree"),
-                layout: &self.layouts[&Kernel::Verify],
-                entries: &[
-                    params_entry(ws),
-                    entry(1, ws.requests.get()),
-                    entry(2, ws.block_stats.get()),
-                    entry(3, ws.draft_ids.get()),
-                    entry(4, ws.masses.get()),
-                    entry(5, ws.tasks.get()),
-                    entry(6, ws.out.get()),
-                    entry(7, ws.row_stats.get()),
-                    entry(8, &self.dummy),
-                ],
-            });
+            let values = self.mass_groups_over(ws, &rows, ws.draft_ids.get());
+            let walk =
+                self.verify_group_over(ws, [ws.draft_ids.get(), ws.masses.get(), &self.dummy]);
             let residual = self.residual_groups(ws, &rows);
             let special = shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
@@ -193,8 +162,7 @@ impl GpuBackend {
 }
 
 impl GpuBackend {
-    /// Uploads a host tree batch and records it into a fresh encoder; returns the submission
-    /// (the tree twin of `submit_host`).
+    /// Uploads a host tree batch and records it into a fresh encoder; returns the submission.
     pub(crate) fn submit_host_tree(
         &self,
         ws: &mut Workspace,
@@ -202,25 +170,9 @@ impl GpuBackend {
         target: crate::Logits<'_>,
         draft: Option<crate::Logits<'_>>,
     ) -> Result<wgpu::SubmissionIndex, Error> {
-        self.upload(ws, target, draft)?;
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("specdec.tree"),
-            });
-        // Clones are handles: `record_tree` borrows the workspace mutably while reading them.
-        let t_buf = ws.upload_target.get().clone();
-        let d_buf = draft.map(|_| ws.upload_draft.get().clone());
-        let src = Sources {
-            target: GpuRows::f32(&t_buf, 0).with_dtype(target.dtype()),
-            draft: d_buf
-                .as_ref()
-                .zip(draft)
-                .map(|(b, d)| GpuRows::f32(b, 0).with_dtype(d.dtype())),
-            ids: None,
-        };
-        self.record_tree(&mut encoder, ws, tp, src, Timestamps::None)?;
-        scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
+        self.submit_uploaded(ws, target, draft, |g, encoder, ws, src| {
+            g.record_tree(encoder, ws, tp, src, Timestamps::None)
+        })
     }
 }
 

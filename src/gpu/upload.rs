@@ -57,6 +57,25 @@ impl GpuBackend {
         target: crate::Logits<'_>,
         draft: Option<crate::Logits<'_>>,
     ) -> Result<wgpu::SubmissionIndex, Error> {
+        self.submit_uploaded(ws, target, draft, |g, encoder, ws, src| {
+            g.record(encoder, ws, plan, src, Timestamps::None)
+        })
+    }
+
+    /// Uploads host rows into the workspace, lets `record` record over them into a fresh
+    /// encoder, and submits it (the host paths of chains and trees).
+    pub(crate) fn submit_uploaded(
+        &self,
+        ws: &mut Workspace,
+        target: crate::Logits<'_>,
+        draft: Option<crate::Logits<'_>>,
+        record: impl FnOnce(
+            &Self,
+            &mut wgpu::CommandEncoder,
+            &mut Workspace,
+            super::Sources<'_>,
+        ) -> Result<(), Error>,
+    ) -> Result<wgpu::SubmissionIndex, Error> {
         self.upload(ws, target, draft)?;
         let mut encoder = self
             .device
@@ -77,7 +96,7 @@ impl GpuBackend {
             draft: d,
             ids: None,
         };
-        self.record(&mut encoder, ws, plan, src, Timestamps::None)?;
+        record(self, &mut encoder, ws, src)?;
         scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
     }
 

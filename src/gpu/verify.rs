@@ -20,6 +20,21 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 impl GpuBackend {
     /// verify's one bind group (it reads the whole batch through the first window's slot).
     pub(super) fn verify_group(&self, ws: &Workspace, shape: &Shape) -> wgpu::BindGroup {
+        let masses = if shape.block_masses {
+            ws.masses.get()
+        } else {
+            &self.dummy
+        };
+        self.verify_group_over(ws, [ws.draft_ids.get(), ws.rates.get(), masses])
+    }
+
+    /// verify's bind group with `tables` at bindings 3, 4 and 8 (draft ids, rates, block
+    /// masses for chains; the tree table, the tree values and nothing for trees).
+    pub(super) fn verify_group_over(
+        &self,
+        ws: &Workspace,
+        tables: [&wgpu::Buffer; 3],
+    ) -> wgpu::BindGroup {
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("specdec.verify"),
             layout: &self.layouts[&Kernel::Verify],
@@ -27,16 +42,12 @@ impl GpuBackend {
                 params_entry(ws),
                 entry(1, ws.requests.get()),
                 entry(2, ws.block_stats.get()),
-                entry(3, ws.draft_ids.get()),
-                entry(4, ws.rates.get()),
+                entry(3, tables[0]),
+                entry(4, tables[1]),
                 entry(5, ws.tasks.get()),
                 entry(6, ws.out.get()),
                 entry(7, ws.row_stats.get()),
-                if shape.block_masses {
-                    entry(8, ws.masses.get())
-                } else {
-                    entry(8, &self.dummy)
-                },
+                entry(8, tables[2]),
             ],
         })
     }

@@ -60,6 +60,21 @@ pub fn thorough_gpu(test_binary: &str, test: &str) -> Option<&'static Verifier> 
     gpu()
 }
 
+/// Logprobs of the same tokens from two backends agree: both absent, or equally long and equal
+/// to f32 rounding of `exp` / `log` (NaN where either is NaN).
+pub fn logprobs_close(a: Option<&[f32]>, b: Option<&[f32]>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    x.is_nan() && y.is_nan() || (x - y).abs() <= 1e-5 * (1.0 + x.abs())
+                })
+        }
+        _ => false,
+    }
+}
+
 /// Compares a GPU output with the twin's on the same batch, request by request: emitted tokens,
 /// status and seed exactly; logprobs (when asked) to f32 rounding of `exp`/`log`. Returns the
 /// requests that differ, each with what differed, for the caller to bound and print.
@@ -69,16 +84,7 @@ pub fn twin_differences(gpu: &VerifyOutput, twin: &VerifyOutput) -> Vec<(usize, 
         twin.num_emitted.len(),
         "request count"
     );
-    let close = |a: Option<&[f32]>, b: Option<&[f32]>| match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => {
-            a.len() == b.len()
-                && a.iter().zip(b).all(|(x, y)| {
-                    x.is_nan() && y.is_nan() || (x - y).abs() <= 1e-5 * (1.0 + x.abs())
-                })
-        }
-        _ => false,
-    };
+    let close = logprobs_close;
     let mut out = Vec::new();
     for r in 0..twin.num_emitted.len() {
         if gpu.emitted(r) != twin.emitted(r) {
