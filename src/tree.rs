@@ -174,8 +174,9 @@ impl std::fmt::Display for TreeDefect {
     }
 }
 
-/// The outcome of one tree request.
-#[derive(Clone, Debug, PartialEq)]
+/// The outcome of one tree request. Equality compares the logprobs bit for bit (so NaN slots
+/// compare equal), as for [`crate::VerifyOutput`].
+#[derive(Clone, Debug)]
 pub struct TreeVerdict {
     /// The accepted nodes, root's child first: the path whose KV-cache entries to keep.
     pub accepted_nodes: Vec<u32>,
@@ -190,6 +191,21 @@ pub struct TreeVerdict {
     pub logprobs: Option<Vec<f32>>,
     /// The same under the raw logits, when it set [`SamplingParams::raw_logprobs`].
     pub raw_logprobs: Option<Vec<f32>>,
+}
+
+impl PartialEq for TreeVerdict {
+    fn eq(&self, o: &Self) -> bool {
+        let bits = |v: &Option<Vec<f32>>| {
+            v.as_ref()
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+        };
+        self.accepted_nodes == o.accepted_nodes
+            && self.tokens == o.tokens
+            && self.status == o.status
+            && self.seed == o.seed
+            && bits(&self.logprobs) == bits(&o.logprobs)
+            && bits(&self.raw_logprobs) == bits(&o.raw_logprobs)
+    }
 }
 
 impl TreeVerdict {

@@ -988,3 +988,67 @@ fn gpu_sibling_masses_equal_the_cpu() {
             .any(|v| v.accepted_nodes.first().is_some_and(|&a| a >= 2)));
     }
 }
+
+/// A request's verdict does not depend on its batch: each request of a mixed batch verified
+/// alone (at its own position and seed) gives the verdict it got in the batch, on the CPU and on
+/// the GPU.
+#[test]
+fn a_requests_verdict_does_not_depend_on_its_batch() {
+    let mut g = Gen::new(77);
+    let trees = random_trees(&mut g, 300, QMode::Logits, 12);
+    let whole = trees.verify_with(QMode::Logits, |b| verify_on_cpu(b, 1).unwrap());
+    let gpu_whole =
+        gpu().map(|v| trees.verify_with(QMode::Logits, |b| v.verify_tree_blocking(b).unwrap()));
+    let (mut row, mut q_row) = (0usize, 0usize);
+    for r in 0..trees.nodes.len() {
+        let nodes = &trees.nodes[r];
+        let rows = nodes.len() + 1;
+        let q_rows = (0..rows)
+            .filter(|&s| nodes.iter().any(|n| n.parent == s as i32 - 1))
+            .count();
+        let alone = OwnedTrees {
+            vocab: trees.vocab,
+            nodes: vec![nodes.clone()],
+            params: vec![trees.params[r]],
+            target: trees.target[row * 300..(row + rows) * 300].to_vec(),
+            q: trees.q[q_row * 300..(q_row + q_rows) * 300].to_vec(),
+        };
+        let position = 40 + r as u64;
+        let requests = [TreeRequest {
+            nodes,
+            params: trees.params[r],
+            position,
+        }];
+        let batch = TreeBatch {
+            vocab_size: 300,
+            requests: &requests,
+            target_logits: (&alone.target).into(),
+            draft: Draft::Logits(Logits::from(&alone.q)),
+            draft_vocab_size: None,
+        };
+        assert_eq!(
+            verify_on_cpu(&batch, 1).unwrap().requests[0],
+            whole.requests[r],
+            "request {r}"
+        );
+        if let (Some(v), Some(gw)) = (gpu(), &gpu_whole) {
+            let got = v
+                .verify_tree_blocking(&batch)
+                .unwrap()
+                .requests
+                .swap_remove(0);
+            assert_eq!(
+                (&got.tokens, &got.accepted_nodes, got.status),
+                (
+                    &gw.requests[r].tokens,
+                    &gw.requests[r].accepted_nodes,
+                    gw.requests[r].status
+                ),
+                "GPU request {r}"
+            );
+        }
+        row += rows;
+        q_row += q_rows;
+    }
+    assert_eq!(row * 300, trees.target.len());
+}
