@@ -437,11 +437,28 @@ fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
 
 @compute @workgroup_size(64)
 fn tree_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let info = requests[wid.x];
+    merge_tree_rows(wid.x, lane);
+}
+
+// Request r's rows' chunk partials merged into row_stats, the lanes taking the rows in turn.
+fn merge_tree_rows(r: u32, lane: u32) {
+    let info = requests[r];
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     for (var i = lane; i <= info.num_drafts; i += 64u) {
         let row = info.row_offset + i;
         row_stats[row] = merge_row(row, -1, !greedy, info.inv_temperature);
+    }
+}
+
+// `tree_merge` and `tree_walk` in one dispatch, for batches with no masses to sum in between
+// (children without q, or greedy requests only): one dispatch fewer, as a chain has.
+@compute @workgroup_size(64)
+fn tree_merge_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    merge_tree_rows(wid.x, lane);
+    storageBarrier();
+    workgroupBarrier();
+    if (lane == 0u) {
+        walk_tree(wid.x);
     }
 }
 
@@ -542,10 +559,13 @@ fn tree_try(info: ReqInfo, g: u32, st: RowStats, pos: vec2<u32>, cb: u32, cc: u3
 
 @compute @workgroup_size(64)
 fn tree_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    if (lane != 0u) {
-        return;
+    if (lane == 0u) {
+        walk_tree(wid.x);
     }
-    let r = wid.x;
+}
+
+// The walk of request r (see above), by one invocation.
+fn walk_tree(r: u32) {
     let info = requests[r];
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     let children = 8u * params.total_rows;

@@ -83,7 +83,13 @@ impl Kernel {
         match self {
             Kernel::Cutoff => &["init", "scan", "pick"],
             Kernel::RowStats => &["block"],
-            Kernel::Verify => &["main", "block_settle", "tree_merge", "tree_walk"],
+            Kernel::Verify => &[
+                "main",
+                "block_settle",
+                "tree_merge",
+                "tree_walk",
+                "tree_merge_walk",
+            ],
             Kernel::BlockMass => &["main", "tree", "tree_mass", "tree_fold"],
             Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],

@@ -109,12 +109,13 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 10] = [
+const FIXED_64: [&str; 11] = [
     "row_stats.block",
     "verify.main",
     "verify.block_settle",
     "verify.tree_merge",
     "verify.tree_walk",
+    "verify.tree_merge_walk",
     "block_mass.main",
     "block_mass.tree",
     "block_mass.tree_mass",

@@ -141,11 +141,22 @@ impl GpuBackend {
                     self.record_row_stats(pass, &shape, &stats);
                 },
                 &|pass| {
-                    pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_merge", special));
-                    pass.set_bind_group(0, &walk, &[0]);
-                    pass.dispatch_workgroups(shape.n as u32, 1, 1);
+                    // The masses need the merged rows before the walk; without masses the walk
+                    // merges its request's rows itself, one dispatch fewer.
+                    let walk_entry = if levels > 1 {
+                        pass.set_pipeline(self.special_pipeline(
+                            Kernel::Verify,
+                            "tree_merge",
+                            special,
+                        ));
+                        pass.set_bind_group(0, &walk, &[0]);
+                        pass.dispatch_workgroups(shape.n as u32, 1, 1);
+                        "tree_walk"
+                    } else {
+                        "tree_merge_walk"
+                    };
                     self.record_tree_values(pass, &shape, &values, levels);
-                    pass.set_pipeline(self.special_pipeline(Kernel::Verify, "tree_walk", special));
+                    pass.set_pipeline(self.special_pipeline(Kernel::Verify, walk_entry, special));
                     pass.set_bind_group(0, &walk, &[0]);
                     pass.dispatch_workgroups(shape.n as u32, 1, 1);
                 },
