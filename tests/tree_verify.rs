@@ -747,6 +747,10 @@ fn random_trees(g: &mut Gen, vocab: usize, mode: QMode, requests: usize) -> Owne
 
 impl OwnedTrees {
     fn verify_with(&self, mode: QMode, f: impl Fn(&TreeBatch) -> TreeOutput) -> TreeOutput {
+        self.with_batch(mode, f)
+    }
+
+    fn with_batch<T>(&self, mode: QMode, f: impl Fn(&TreeBatch) -> T) -> T {
         let requests: Vec<TreeRequest> = self
             .nodes
             .iter()
@@ -981,6 +985,24 @@ fn gpu_sibling_masses_equal_the_cpu() {
             differ <= twin_slack(gpu).0,
             "{mode:?}: {differ} of 96 requests differ"
         );
+        // The masses themselves, child by child: the GPU's against the CPU's (f32 rounding of
+        // exp apart). A decision flips only when a draw lands near its threshold; a mass off by
+        // any fraction shows here.
+        let cpu_masses = t.with_batch(mode, |b| cpu().tree_masses_blocking(b).unwrap());
+        let gpu_masses = t.with_batch(mode, |b| gpu.tree_masses_blocking(b).unwrap());
+        let mut compared = 0;
+        for (g, (&w, &o)) in cpu_masses.iter().zip(&gpu_masses).enumerate() {
+            if w.is_nan() {
+                continue;
+            }
+            assert!(
+                (w - o).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{mode:?} row {g}: {o} vs {w}"
+            );
+            compared += 1;
+        }
+        // 96 roots with 5 later children each, and 6 × 96 nodes with 2 each.
+        assert_eq!(compared, 96 * (5 + 6 * 2), "{mode:?}");
         // The batch does reach later siblings: some request accepts a third child or later.
         assert!(want
             .requests

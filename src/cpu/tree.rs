@@ -16,13 +16,13 @@ use crate::rng::STREAM_RESIDUAL;
 use crate::rng::{random_words, row_position, uniform_open, STREAM_ACCEPT, STREAM_BONUS};
 use crate::tree::{TreeFault, TreeOutput, TreeVerdict};
 
-/// Verifies every request of a checked tree batch.
-pub(crate) fn run(
+/// The cut-offs and the statistics of every row of a checked tree batch.
+fn prepare(
     tp: &TreePlan,
     target: &[f32],
     draft: Option<&[f32]>,
     threads: usize,
-) -> TreeOutput {
+) -> (Vec<f32>, Vec<RowStats>) {
     let plan = &tp.plan;
     let cuts = cutoffs(plan, target, draft);
     let mut stats = vec![RowStats::default(); plan.total_rows];
@@ -33,6 +33,60 @@ pub(crate) fn run(
             *st = row_stats::row(&input);
         }
     });
+    (cuts, stats)
+}
+
+/// The residual mass each child's test uses, per global slot (NaN where no test uses one): for
+/// every node whose children were drawn from q (not greedy, finite row, usable q), child `j ≥ 1`
+/// gets `M_j` of the recursion `try_drawn` follows, for every `j` whatever the draws (as the GPU
+/// sums them). Test hook: the GPU's masses are compared with these.
+pub(crate) fn sibling_masses(tp: &TreePlan, target: &[f32], draft: Option<&[f32]>) -> Vec<f32> {
+    let plan = &tp.plan;
+    let (cuts, stats) = prepare(tp, target, draft, 1);
+    let rows = Rows {
+        plan,
+        stats: &stats,
+        target,
+        draft,
+        cuts: &cuts,
+        fault: tp.fault,
+    };
+    let mut out = vec![f32::NAN; plan.total_rows];
+    for (r, tree) in tp.trees.iter().enumerate() {
+        let info = &plan.reqs[r];
+        for s in 0..tree.depth.len() {
+            let g = info.row_offset as usize + s;
+            let st = &stats[g];
+            let finite =
+                st.flags & (ROW_T_NAN | ROW_T_POSINF) == 0 && st.t_max != f32::NEG_INFINITY;
+            let q_ok = plan.draft_kind != DRAFT_LOGITS
+                || (st.flags & (ROW_Q_NAN | ROW_Q_POSINF) == 0 && st.q_max != f32::NEG_INFINITY);
+            let Some(q_row) = rows.draft_row(g) else {
+                continue;
+            };
+            if info.flags & REQ_GREEDY != 0 || !finite || !q_ok {
+                continue;
+            }
+            let mut rho = 1.0f32;
+            for &c in tree.children_of(s).iter().skip(1) {
+                let mass = residual_mass(&rows, info, g, q_row, rho, row_cuts(plan, &cuts, g));
+                out[info.row_offset as usize + 1 + c as usize] = mass;
+                rho /= 1.0 + mass;
+            }
+        }
+    }
+    out
+}
+
+/// Verifies every request of a checked tree batch.
+pub(crate) fn run(
+    tp: &TreePlan,
+    target: &[f32],
+    draft: Option<&[f32]>,
+    threads: usize,
+) -> TreeOutput {
+    let plan = &tp.plan;
+    let (cuts, stats) = prepare(tp, target, draft, threads);
     let rows = Rows {
         plan,
         stats: &stats,

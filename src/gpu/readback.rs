@@ -140,13 +140,24 @@ impl GpuBackend {
 
     /// Reads back the first `n` cut-offs the last verification in `ws` left (test hook; blocks).
     pub(crate) fn read_cutoffs(&self, ws: &Workspace, n: usize) -> Result<Vec<f32>, Error> {
+        self.read_floats(ws.cutoffs.get(), n)
+    }
+
+    /// Reads back the first `n` tree values the last tree verification in `ws` left (3 per slot:
+    /// the child's logit and draft value at its parent's row, the mass of its test; test hook).
+    pub(crate) fn read_tree_values(&self, ws: &Workspace, n: usize) -> Result<Vec<f32>, Error> {
+        self.read_floats(ws.masses.get(), n)
+    }
+
+    /// Reads back the first `n` f32 of `src` (test hooks; blocks).
+    fn read_floats(&self, src: &wgpu::Buffer, n: usize) -> Result<Vec<f32>, Error> {
         if n == 0 {
             return Ok(Vec::new());
         }
         let bytes = (n * 4) as u64;
         let read = scoped(&self.device, || {
             let read = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("specdec.cutoffs.read"),
+                label: Some("specdec.test_read"),
                 size: bytes,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
@@ -154,9 +165,9 @@ impl GpuBackend {
             let mut encoder = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("specdec.cutoffs.read"),
+                    label: Some("specdec.test_read"),
                 });
-            encoder.copy_buffer_to_buffer(ws.cutoffs.get(), 0, &read, 0, bytes);
+            encoder.copy_buffer_to_buffer(src, 0, &read, 0, bytes);
             self.queue.submit([encoder.finish()]);
             read
         })
@@ -171,14 +182,14 @@ impl GpuBackend {
             Some(Ok(())) => {}
             other => {
                 return Err(Error::Gpu {
-                    detail: format!("cut-off readback failed: {other:?}"),
+                    detail: format!("test readback failed: {other:?}"),
                 })
             }
         }
         let out =
             bytemuck::cast_slice::<u8, f32>(&read.slice(..).get_mapped_range().map_err(|e| {
                 Error::Gpu {
-                    detail: format!("cut-off readback mapping: {e}"),
+                    detail: format!("test readback mapping: {e}"),
                 }
             })?)
             .to_vec();

@@ -72,7 +72,8 @@ impl Workspace {
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
             candidates: Grow::new("specdec.candidates", storage),
-            masses: Grow::new("specdec.masses", storage),
+            // COPY_SRC: the tree values are read back by a test hook (tree_masses_blocking).
+            masses: Grow::new("specdec.masses", storage | U::COPY_SRC),
             cutoffs: Grow::new("specdec.cutoffs", storage | U::COPY_SRC),
             cut_state: Grow::new("specdec.cut_state", U::STORAGE),
             out: Grow::new("specdec.out", storage | U::COPY_SRC),

@@ -78,6 +78,38 @@ impl Verifier {
         }
     }
 
+    /// Test hook: the residual mass each child's test uses, per target row of the batch (the
+    /// row of the child's node; NaN, or on the GPU whatever the buffer held, where no test uses
+    /// one), as this backend computes it during a verification of `batch`.
+    #[doc(hidden)]
+    pub fn tree_masses_blocking(&self, batch: &TreeBatch<'_>) -> Result<Vec<f32>, Error> {
+        let plan = {
+            let mut rng = self.seeds.lock().unwrap_or_else(|p| p.into_inner());
+            TreePlan::for_host(batch, TreeFault::None, || rng.next_u64())?
+        };
+        let (_, draft) = batch.draft.split();
+        let (t, d) = (batch.target_logits.to_f32(), draft.map(|d| d.to_f32()));
+        match &self.backend {
+            Backend::Cpu(_) => Ok(crate::cpu::tree::sibling_masses(&plan, &t, d.as_deref())),
+            Backend::Gpu(g) => {
+                let rows = plan.plan.total_rows;
+                if rows == 0 {
+                    return Ok(Vec::new());
+                }
+                let _serial = self.serialize();
+                let mut ws = g.take_workspace();
+                let result = (|| {
+                    let index = g.submit_host_tree(&mut ws, &plan, batch.target_logits, draft)?;
+                    g.wait(Some(index))?;
+                    let values = g.read_tree_values(&ws, 3 * rows)?;
+                    Ok(values.chunks(3).map(|v| v[2]).collect())
+                })();
+                g.give_back_if_ok(ws, &result);
+                result
+            }
+        }
+    }
+
     /// Records the verification of trees whose rows live in GPU buffers into the caller's
     /// encoder (the GPU-resident path, as [`Verifier::record`] for chains). Submit the encoder,
     /// then read the verdicts with [`Verifier::read_tree_blocking`].
