@@ -1074,3 +1074,49 @@ fn a_requests_verdict_does_not_depend_on_its_batch() {
     }
     assert_eq!(row * 300, trees.target.len());
 }
+
+/// An empty batch verifies to no verdicts on every path (host, GPU-resident, CPU twin).
+#[test]
+fn empty_tree_batches_give_no_verdicts() {
+    let batch = TreeBatch {
+        vocab_size: 16,
+        requests: &[],
+        target_logits: (&[] as &[f32]).into(),
+        draft: Draft::OneHot,
+        draft_vocab_size: None,
+    };
+    assert!(verify_on_cpu(&batch, 1).unwrap().requests.is_empty());
+    assert!(cpu()
+        .verify_tree_blocking(&batch)
+        .unwrap()
+        .requests
+        .is_empty());
+    let Some(gpu) = gpu() else { return };
+    assert!(gpu
+        .verify_tree_blocking(&batch)
+        .unwrap()
+        .requests
+        .is_empty());
+    let (device, queue) = gpu.device().unwrap();
+    let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test.empty"),
+        size: 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending = gpu
+        .record_tree(
+            &mut encoder,
+            &GpuTreeBatch {
+                vocab_size: 16,
+                requests: &[],
+                target_logits: GpuRows::f32(&buf, 0),
+                draft: GpuDraft::OneHot,
+                draft_vocab_size: None,
+            },
+        )
+        .unwrap();
+    queue.submit([encoder.finish()]);
+    assert!(gpu.read_tree_blocking(pending).unwrap().requests.is_empty());
+}
