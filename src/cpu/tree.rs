@@ -181,22 +181,12 @@ fn walk(rows: &Rows<'_>, r: usize, tree: &TreeShape) -> TreeVerdict {
                 status,
             };
         }
-        if greedy {
+        let step = if greedy {
             match kids
                 .iter()
                 .find(|&&c| tree.tokens[c as usize] == st.t_arg as i32)
             {
-                Some(&c) => {
-                    accepted.push(c);
-                    tokens.push(tree.tokens[c as usize]);
-                    lps.push(logprobs_of(
-                        info,
-                        st,
-                        logit_of(rows, g, tree.tokens[c as usize]),
-                    ));
-                    slot = c as usize + 1;
-                    continue;
-                }
+                Some(&c) => Step::Accept(c),
                 None => {
                     let lp = logprobs_of(info, st, st.t_max);
                     break Emit {
@@ -206,8 +196,7 @@ fn walk(rows: &Rows<'_>, r: usize, tree: &TreeShape) -> TreeVerdict {
                     };
                 }
             }
-        }
-        let step = if kids.is_empty() {
+        } else if kids.is_empty() {
             Step::Reject {
                 rho: 1.0,
                 with_q: false,
