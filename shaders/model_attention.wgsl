@@ -15,6 +15,12 @@
 // slices in increasing j, then the slices in order.
 // Needs head_dim % 32 == 0 and head_dim ≤ 512.
 //
+// Tree calls (P.tree ≠ 0, `tab` the call's tree table, P.pos the cached length, P.token_base the
+// chunk's first call row): row m is call row r = token_base + m at depth d, position p = pos + d,
+// and its key j is cache slot j below pos, else the slot pos + a_(j − pos) of its ancestor at
+// depth j − pos (a_d = r). Keys and values are then the same bits, at the same j, as a chain
+// call over the path to r has, so the row is the same bits as that chain's.
+//
 // Decoding scores a few rows against a short cache, so a workgroup's time is the latency of its
 // dependent loads and barriers, not bandwidth. The head width is a pipeline constant (HW), so
 // the score loop over a head's words is unrolled and its loads issued together; the scores stay
@@ -33,12 +39,24 @@ const SC_CAP: u32 = 2048u;
 @group(0) @binding(4) var<storage, read_write> scratch: array<f32>;
 @group(0) @binding(5) var<storage, read_write> oq: array<u32>;
 @group(0) @binding(6) var<storage, read_write> od: array<f32>;
+@group(0) @binding(7) var<storage, read> tab: array<u32>;
 
 var<workgroup> red: array<f32, WG>;
 var<workgroup> qh: array<vec4<f32>, 128>;
 var<workgroup> acc: array<vec4<f32>, WG>;
 var<workgroup> sc: array<f32, SC_CAP>;
 var<workgroup> amax4: array<f32, 128>;
+// A tree row's ancestors by depth (call rows), itself last: depth ≤ MAX_TREE_DEPTH (64) of
+// src/models/gpu/sequence.rs. 16 KiB of workgroup memory is the WebGPU floor; this is within it.
+var<workgroup> anc: array<u32, 65>;
+
+// The cache slot of key j.
+fn slot(j: u32) -> u32 {
+    if (P.tree == 0u || j < P.pos) {
+        return j;
+    }
+    return P.pos + anc[j - P.pos];
+}
 
 fn score(sb: u32, j: u32) -> f32 {
     if (j < SC_CAP) {
@@ -51,7 +69,20 @@ fn score(sb: u32, j: u32) -> f32 {
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let m = wid.y;
-    let p = P.pos + m;
+    var p = P.pos + m;
+    if (P.tree != 0u) {
+        let r = P.token_base + m;
+        let depth = tab[P.tree + 2u * r];
+        p = P.pos + depth;
+        if (li == 0u) {
+            var a = r;
+            for (var d = depth; d > 0u; d--) {
+                anc[d] = a;
+                a = tab[P.tree + 2u * a + 1u];
+            }
+            anc[0] = a;
+        }
+    }
     let kvh = h / (P.heads / P.kv_heads);
     let kvw = P.kv_heads * HW;
     let qb = (m * P.heads + h) * HW;
@@ -63,7 +94,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
     var mx = bitcast<f32>(0xff800000u);
     for (var j = li; j <= p; j += WG) {
-        let kb = j * kvw + kvh * HW;
+        let kb = slot(j) * kvw + kvh * HW;
         var s = 0.0;
         // HW is a multiple of 8 and a constant: the loop unrolls.
         for (var d = 0u; d < HW; d += 4u) {
@@ -107,10 +138,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         let vb = kvh * HW + c;
         var j = slice;
         for (; j + 3u * slices <= p; j += 4u * slices) {
-            let v0 = vc[j * kvw + vb];
-            let v1 = vc[(j + slices) * kvw + vb];
-            let v2 = vc[(j + 2u * slices) * kvw + vb];
-            let v3 = vc[(j + 3u * slices) * kvw + vb];
+            let v0 = vc[slot(j) * kvw + vb];
+            let v1 = vc[slot(j + slices) * kvw + vb];
+            let v2 = vc[slot(j + 2u * slices) * kvw + vb];
+            let v3 = vc[slot(j + 3u * slices) * kvw + vb];
             let e0 = exp(score(sb, j) - top);
             let e1 = exp(score(sb, j + slices) - top);
             let e2 = exp(score(sb, j + 2u * slices) - top);
@@ -126,7 +157,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         }
         for (; j <= p; j += slices) {
             let e = exp(score(sb, j) - top);
-            a += e * vc[j * kvw + vb];
+            a += e * vc[slot(j) * kvw + vb];
             es += e;
         }
     }

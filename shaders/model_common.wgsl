@@ -1,7 +1,7 @@
 // Declarations shared by the model kernels (model_*.wgsl); prefixed to each of them, since WGSL
 // has no includes.
 //
-// `Params` mirrors `ModelParams` in src/models/gpu/kernels.rs field for field (16 words, 64
+// `Params` mirrors `ModelParams` in src/models/gpu/kernels.rs field for field (20 words, 80
 // bytes). One struct serves every model kernel; each reads the fields it needs, the rest are 0.
 // Offsets and strides count f32 elements, not bytes.
 struct Params {
@@ -37,6 +37,14 @@ struct Params {
     eps: f32,
     // Attention score scale 1/sqrt(head_dim).
     scale: f32,
+    // Tree calls (rope, attention): the word offset in the token buffer of the call's tree table
+    // (per call row r: its depth at 2r, its parent row at 2r + 1, 0xffffffff below the cache);
+    // 0 for a chain call. kv_keep: the path's word offset.
+    tree: u32,
+    // Unused; the block is a multiple of 16 bytes.
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

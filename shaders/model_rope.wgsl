@@ -11,12 +11,16 @@
 //   K, V:  f32[capacity, kv_heads · head_dim]             position-major
 //
 // One invocation per query pair, key pair, or pair of value elements.
+//
+// Tree calls (P.tree ≠ 0, see model_attention.wgsl): row m is call row r = token_base + m; it
+// is rotated by the angle of position pos + depth(r) and cached at slot pos + r.
 
 @group(0) @binding(1) var<storage, read> table: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read_write> q: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(5) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(6) var<storage, read> tab: array<u32>;
 
 // Element offsets (a, b) of pair i of the head starting at `base`.
 fn pair(base: u32, i: u32, half: u32) -> vec2<u32> {
@@ -46,13 +50,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let m = idx / per_row;
     let r = idx % per_row;
     let src = m * (qd + 2u * kvd);
-    let at = (P.pos + m) * kvd;
+    // The position (angle) and the cache slot of row m.
+    var position = P.pos + m;
+    var at = (P.pos + m) * kvd;
+    if (P.tree != 0u) {
+        let r = P.token_base + m;
+        position = P.pos + tab[P.tree + 2u * r];
+        at = (P.pos + r) * kvd;
+    }
     if (r < q_pairs + kv_pairs) {
         let is_q = r < q_pairs;
         let r2 = select(r - q_pairs, r, is_q);
         let h = r2 / half;
         let i = r2 % half;
-        let cs = table[(P.pos + m) * half + i];
+        let cs = table[position * half + i];
         let s = pair(select(src + qd, src, is_q) + h * hd, i, half);
         let o = rotate(vec2<f32>(qkv[s.x], qkv[s.y]), cs);
         if (is_q) {

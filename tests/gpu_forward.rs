@@ -707,3 +707,107 @@ fn qwen_0_5b_matches_the_cpu_forward() {
     assert!(to_cpu <= CPU_TOLERANCE, "{to_cpu}");
     assert_eq!(agree(&gpu, &cpu), tokens.len());
 }
+
+/// The first column where two rows differ in their bits.
+fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    assert_eq!(a.len(), b.len());
+    (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits())
+}
+
+/// The path from a depth-0 token of a tree down to token `i`, root first.
+fn path_to(parents: &[i32], i: usize) -> Vec<usize> {
+    let mut path = vec![i];
+    while parents[*path.last().unwrap()] >= 0 {
+        path.push(parents[*path.last().unwrap()] as usize);
+    }
+    path.reverse();
+    path
+}
+
+/// The logits row after `prefix` then `chain`, scored by a chain call.
+fn chain_row(model: &Arc<GpuModel>, layers: usize, prefix: &[u32], chain: &[u32]) -> Vec<f32> {
+    let mut seq = GpuSequence::with_layers(model.clone(), layers).unwrap();
+    seq.forward_blocking(prefix).unwrap();
+    let rows = seq.forward_blocking(chain).unwrap();
+    let vocab = model.config().vocab_size;
+    rows[rows.len() - vocab..].to_vec()
+}
+
+/// Tree attention (`GpuSequence::record_tree`): every row of a 21-token tree (two tokens below
+/// the cache, depth up to 8, ancestors across the 16-row chunk boundary) is the same bits as a
+/// chain call over the path to it; after `keep_path` the next token's row is the same bits as
+/// after a chain forward of the kept path; malformed trees and paths are refused.
+#[test]
+fn tree_rows_equal_the_chain_rows_of_their_paths() {
+    let Some(model) = gpu_model() else { return };
+    let (device, queue) = device().unwrap();
+    let vocab = model.config().vocab_size;
+    let layers = 6;
+    let prefix = &PROMPT[..8];
+    let parents: Vec<i32> = vec![
+        -1, 0, 1, 2, 0, 4, 1, 6, 3, 8, -1, 10, 5, 12, 13, 14, 15, 9, 17, 11, 16,
+    ];
+    let tokens: Vec<u32> = (0..parents.len())
+        .map(|i| PROMPT[(3 * i + 1) % PROMPT.len()] + i as u32)
+        .collect();
+    let mut seq = GpuSequence::with_layers(model.clone(), layers).unwrap();
+    seq.forward_blocking(prefix).unwrap();
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let logits = seq.record_tree(&mut encoder, &tokens, &parents).unwrap();
+    assert_eq!(logits.rows, tokens.len());
+    queue.submit([encoder.finish()]);
+    let tree = seq.read_logits_blocking().unwrap();
+    assert_eq!(seq.len(), prefix.len() + tokens.len());
+    for i in 0..tokens.len() {
+        let chain: Vec<u32> = path_to(&parents, i).iter().map(|&v| tokens[v]).collect();
+        let want = chain_row(&model, layers, prefix, &chain);
+        assert_eq!(
+            first_difference(&tree[i * vocab..(i + 1) * vocab], &want),
+            None,
+            "tree row {i} (depth {}) differs from its path's chain row at that column",
+            chain.len() - 1
+        );
+    }
+    // Keep the path to token 20 (entries move) and decode one more token.
+    let path = path_to(&parents, 20);
+    assert_eq!(path, [0, 4, 5, 12, 13, 14, 15, 16, 20]);
+    let next = 77u32;
+    let mut encoder = device.create_command_encoder(&Default::default());
+    seq.keep_path(&mut encoder, prefix.len(), &path).unwrap();
+    assert_eq!(seq.len(), prefix.len() + path.len());
+    seq.record(&mut encoder, &[next], 1).unwrap();
+    queue.submit([encoder.finish()]);
+    let after = seq.read_logits_blocking().unwrap();
+    let mut chain: Vec<u32> = path.iter().map(|&v| tokens[v]).collect();
+    chain.push(next);
+    let want = chain_row(&model, layers, prefix, &chain);
+    assert_eq!(
+        first_difference(&after, &want),
+        None,
+        "the row after keep_path differs at that column"
+    );
+    // Bad trees and paths: typed errors, nothing recorded, the length unchanged.
+    let len = seq.len();
+    let mut encoder = device.create_command_encoder(&Default::default());
+    for (tokens, parents, what) in [
+        (&[1u32, 2][..], &[-1, 1][..], "a parent that is not earlier"),
+        (&[1, 2][..], &[-1, -2][..], "a parent below -1"),
+        (&[1, 2][..], &[-1][..], "fewer parents than tokens"),
+    ] {
+        assert!(
+            seq.record_tree(&mut encoder, tokens, parents).is_err(),
+            "{what}"
+        );
+    }
+    let deep: Vec<i32> = (-1..65).collect();
+    let deep_tokens = vec![5u32; deep.len()];
+    let err = seq
+        .record_tree(&mut encoder, &deep_tokens, &deep)
+        .expect_err("depth 65");
+    assert!(err.to_string().contains("depth 65"), "{err}");
+    assert!(seq.keep_path(&mut encoder, len - 2, &[1, 0]).is_err());
+    assert!(seq.keep_path(&mut encoder, len - 2, &[0, 2]).is_err());
+    assert!(seq.keep_path(&mut encoder, len + 1, &[]).is_err());
+    drop(encoder);
+    assert_eq!(seq.len(), len);
+}

@@ -48,7 +48,7 @@ pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
     ForwardProfile, GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
     GpuModelOptions, GpuProposer, GpuSequence, HostModel, ModelKernel, Q8Matrix, MAX_ROWS,
-    MODEL_COMMON, PLAIN_WINDOW, Q8_BLOCK,
+    MAX_TREE_DEPTH, MODEL_COMMON, PLAIN_WINDOW, Q8_BLOCK,
 };
 pub use model::Model;
 pub use speculative::GreedyDraft;

@@ -28,6 +28,9 @@ pub(crate) struct ModelParams {
     pub style: u32,
     pub eps: f32,
     pub scale: f32,
+    /// Tree calls: the word offset of the tree table in the token buffer (0: a chain call).
+    pub tree: u32,
+    pub pad: [u32; 3],
 }
 
 /// A model kernel: one WGSL file, one pipeline label.
@@ -47,17 +50,21 @@ pub enum ModelKernel {
     Attention,
     /// `silu(gate) · up` over the stacked gate/up output (`shaders/model_swiglu.wgsl`).
     Swiglu,
+    /// After a tree call, the accepted path's cache entries moved to consecutive slots
+    /// (`shaders/model_kv_keep.wgsl`).
+    KvKeep,
 }
 
 impl ModelKernel {
     /// Every model kernel.
-    pub const ALL: [ModelKernel; 6] = [
+    pub const ALL: [ModelKernel; 7] = [
         ModelKernel::Embed,
         ModelKernel::RmsNorm,
         ModelKernel::MatmulQ8,
         ModelKernel::Rope,
         ModelKernel::Attention,
         ModelKernel::Swiglu,
+        ModelKernel::KvKeep,
     ];
 
     /// The file stem: `model_<kernel>`, also the pipeline label after `specdec.`.
@@ -69,6 +76,7 @@ impl ModelKernel {
             ModelKernel::Rope => "model_rope",
             ModelKernel::Attention => "model_attention",
             ModelKernel::Swiglu => "model_swiglu",
+            ModelKernel::KvKeep => "model_kv_keep",
         }
     }
 
@@ -81,6 +89,7 @@ impl ModelKernel {
             ModelKernel::Rope => include_str!("../../../shaders/model_rope.wgsl"),
             ModelKernel::Attention => include_str!("../../../shaders/model_attention.wgsl"),
             ModelKernel::Swiglu => include_str!("../../../shaders/model_swiglu.wgsl"),
+            ModelKernel::KvKeep => include_str!("../../../shaders/model_kv_keep.wgsl"),
         }
     }
 
@@ -95,9 +104,10 @@ impl ModelKernel {
             ModelKernel::Embed => &[true, true, true, false],
             ModelKernel::RmsNorm => &[true, true, false, false],
             ModelKernel::MatmulQ8 => &[true, true, true, true, false, true],
-            ModelKernel::Rope => &[true, true, false, false, false],
-            ModelKernel::Attention => &[true, true, true, false, false, false],
+            ModelKernel::Rope => &[true, true, false, false, false, true],
+            ModelKernel::Attention => &[true, true, true, false, false, false, true],
             ModelKernel::Swiglu => &[true, false, false],
+            ModelKernel::KvKeep => &[true, false, false],
         }
     }
 }
@@ -116,10 +126,11 @@ pub(crate) enum Pipe {
     Rope,
     Attention,
     Swiglu,
+    KvKeep,
 }
 
 impl Pipe {
-    const ALL: [Pipe; 8] = [
+    const ALL: [Pipe; 9] = [
         Pipe::Embed,
         Pipe::RmsNorm,
         Pipe::Matmul,
@@ -128,6 +139,7 @@ impl Pipe {
         Pipe::Rope,
         Pipe::Attention,
         Pipe::Swiglu,
+        Pipe::KvKeep,
     ];
 
     pub(crate) fn kernel(self) -> ModelKernel {
@@ -138,6 +150,7 @@ impl Pipe {
             Pipe::Rope => ModelKernel::Rope,
             Pipe::Attention => ModelKernel::Attention,
             Pipe::Swiglu => ModelKernel::Swiglu,
+            Pipe::KvKeep => ModelKernel::KvKeep,
         }
     }
 

@@ -41,7 +41,7 @@ mod weights;
 
 pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer, PLAIN_WINDOW};
 pub use kernels::{ModelKernel, MODEL_COMMON};
-pub use sequence::{ForwardProfile, GpuLogits, GpuSequence, MAX_ROWS};
+pub use sequence::{ForwardProfile, GpuLogits, GpuSequence, MAX_ROWS, MAX_TREE_DEPTH};
 pub use weights::{GpuModel, GpuModelOptions, HostModel, Q8Matrix, Q8_BLOCK};
 
 pub(crate) use kernels::Pipelines;

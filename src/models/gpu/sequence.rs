@@ -17,6 +17,45 @@ use crate::GpuRows;
 /// bits per row (every kernel's reduction order is independent of the row count).
 pub const MAX_ROWS: usize = 16;
 
+/// Deepest token of a [`GpuSequence::record_tree`] call (a token below the cache has depth 0):
+/// the attention kernel keeps a row's ancestors in workgroup memory.
+pub const MAX_TREE_DEPTH: usize = 64;
+
+/// The tree table of a call (`shaders/model_attention.wgsl`): per token its depth and its
+/// parent's index (`u32::MAX` below the cache), checked as [`crate::models::Model`]'s
+/// `forward_tree` checks its parents, and the depth bounded by [`MAX_TREE_DEPTH`].
+fn tree_table(tokens: usize, parents: &[i32]) -> Result<Vec<u32>, GpuModelError> {
+    if parents.len() != tokens {
+        return Err(ModelError::BadTree {
+            message: format!("{} parents for {tokens} tokens", parents.len()),
+        }
+        .into());
+    }
+    let mut table = Vec::with_capacity(2 * tokens);
+    for (i, &parent) in parents.iter().enumerate() {
+        let depth = match parent {
+            -1 => 0,
+            p if p >= 0 && (p as usize) < i => table[2 * p as usize] + 1,
+            p => {
+                return Err(ModelError::BadTree {
+                    message: format!(
+                        "token {i} has parent {p}; a parent is −1 or an earlier token"
+                    ),
+                }
+                .into())
+            }
+        };
+        if depth as usize > MAX_TREE_DEPTH {
+            return Err(ModelError::BadTree {
+                message: format!("token {i} is at depth {depth}, deeper than {MAX_TREE_DEPTH}"),
+            }
+            .into());
+        }
+        table.extend([depth, if parent < 0 { u32::MAX } else { parent as u32 }]);
+    }
+    Ok(table)
+}
+
 /// Invocations of the elementwise kernels' workgroups.
 const WG: usize = 64;
 /// First KV capacity (positions); it doubles as needed up to the context length.
@@ -48,13 +87,18 @@ enum Group {
     Rope(usize),
     Attention(usize),
     Swiglu,
+    /// A layer's kv_keep.
+    Keep(usize),
 }
 
-/// The tokens of one call: ids from the host, then ids already in a GPU buffer.
+/// The tokens of one call: ids from the host, then ids already in a GPU buffer; for a tree
+/// call, the tree table uploaded after them (per token its depth and parent row, see
+/// `shaders/model_attention.wgsl`).
 #[derive(Clone, Copy)]
 struct Tokens<'a> {
     host: &'a [u32],
     device: Option<(crate::DeviceIds<'a>, usize)>,
+    tree: Option<&'a [u32]>,
 }
 
 impl Tokens<'_> {
@@ -318,6 +362,7 @@ impl GpuSequence {
             Tokens {
                 host: tokens,
                 device: None,
+                tree: None,
             },
             rows,
         )
@@ -351,8 +396,103 @@ impl GpuSequence {
         let tokens = Tokens {
             host,
             device: (count > 0).then_some((device, count)),
+            tree: None,
         };
         self.record_tokens(encoder, tokens, rows)
+    }
+
+    /// Records the forward of a **tree** of tokens and returns where the logits of every one
+    /// will be (`tokens.len()` rows), for tree verification ([`crate::Verifier::record_tree`]):
+    /// new token `i` hangs below new token `parents[i]` (an earlier one), or below the cached
+    /// sequence for −1. Token `i` sits at position `len() + depth(i)` (the −1 tokens at `len()`),
+    /// is cached at slot `len() + i`, and attends to the cache and its own ancestors only, so
+    /// its row is the same bits as a chain call over the path to it gives. The sequence then
+    /// counts every new token; [`GpuSequence::keep_path`] keeps the accepted path's. Depth is at
+    /// most [`MAX_TREE_DEPTH`]. Checked on the host before anything is recorded.
+    pub fn record_tree(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: &[u32],
+        parents: &[i32],
+    ) -> Result<GpuLogits<'_>, GpuModelError> {
+        let table = tree_table(tokens.len(), parents)?;
+        let tokens = Tokens {
+            host: tokens,
+            device: None,
+            tree: Some(&table),
+        };
+        self.record_tokens(encoder, tokens, tokens.len())
+    }
+
+    /// After [`GpuSequence::record_tree`] appended `len() − base` tokens at `base..`, records
+    /// into `encoder` the moves that keep the cache up to `base` and the new tokens `path`
+    /// (indices into that call's tokens, a root-to-node path in increasing order), which then
+    /// sit at `base..base + path.len()`; `len()` becomes `base + path.len()` at once. A path that
+    /// is already in place (`path[d] == d`) records nothing.
+    pub fn keep_path(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        base: usize,
+        path: &[usize],
+    ) -> Result<(), GpuModelError> {
+        let appended = self
+            .len
+            .checked_sub(base)
+            .ok_or(ModelError::TruncateBeyondLength {
+                requested: base,
+                len: self.len,
+            })?;
+        if path.windows(2).any(|w| w[0] >= w[1]) || path.last().is_some_and(|&l| l >= appended) {
+            return Err(ModelError::BadTree {
+                message: format!("keep_path {path:?} is not increasing within {appended} tokens"),
+            }
+            .into());
+        }
+        if path.iter().enumerate().any(|(d, &s)| d != s) {
+            let device = self.model.device.clone();
+            crate::gpu::scoped(&device, || self.record_keep(encoder, base, path))?;
+        }
+        self.len = base + path.len();
+        Ok(())
+    }
+
+    /// The kv_keep dispatches of [`GpuSequence::keep_path`], one per layer.
+    fn record_keep(&mut self, encoder: &mut wgpu::CommandEncoder, base: usize, path: &[usize]) {
+        let c = &self.model.config;
+        let kvd = c.kv_heads * c.head_dim;
+        let p = ModelParams {
+            rows: path.len() as u32,
+            pos: base as u32,
+            width: kvd as u32,
+            ..ModelParams::default()
+        };
+        if self.ensure_uploads(1, path.len()) || self.groups.is_empty() {
+            self.groups = self.build_groups();
+        }
+        let mut bytes = vec![0u8; self.slot_bytes as usize];
+        bytes[..std::mem::size_of::<ModelParams>()].copy_from_slice(bytemuck::bytes_of(&p));
+        let words: Vec<u32> = path.iter().map(|&s| s as u32).collect();
+        bytes.extend_from_slice(bytemuck::cast_slice(&words));
+        let staging = self
+            .model
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("specdec.model keep_path upload"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::COPY_SRC,
+            });
+        let slot = self.slot_bytes;
+        encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, slot);
+        encoder.copy_buffer_to_buffer(&staging, slot, &self.tokens, 0, (words.len() * 4) as u64);
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("specdec.model keep_path"),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(self.model.pipelines.pipeline(Pipe::KvKeep, None));
+        for l in 0..self.layers {
+            pass.set_bind_group(0, &self.groups[&Group::Keep(l)], &[0]);
+            pass.dispatch_workgroups(kvd.div_ceil(WG) as u32, 1, 1);
+        }
     }
 
     fn record_tokens(
@@ -412,8 +552,9 @@ impl GpuSequence {
         let n = tokens.len();
         let mut dirty = self.ensure_cache(encoder, self.len + n);
         dirty |= self.ensure_logits(rows);
-        let (dispatches, params) = self.plan(n, rows);
-        dirty |= self.ensure_uploads(params.len(), n);
+        let tree = tokens.tree.unwrap_or(&[]);
+        let (dispatches, params) = self.plan(n, rows, !tree.is_empty());
+        dirty |= self.ensure_uploads(params.len(), n + tree.len());
         if dirty || self.groups.is_empty() {
             self.groups = self.build_groups();
         }
@@ -425,6 +566,7 @@ impl GpuSequence {
         }
         let params_len = bytes.len() as u64;
         bytes.extend_from_slice(bytemuck::cast_slice(tokens.host));
+        bytes.extend_from_slice(bytemuck::cast_slice(tree));
         let device = &self.model.device;
         // A buffer of this call, copied in encoder order: several recordings may share one
         // submission without one's parameters overwriting another's (queue.write_buffer would
@@ -436,8 +578,10 @@ impl GpuSequence {
         });
         encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, params_len);
         let host_bytes = (tokens.host.len() * 4) as u64;
-        if host_bytes > 0 {
-            encoder.copy_buffer_to_buffer(&staging, params_len, &self.tokens, 0, host_bytes);
+        // A tree call's tokens are all from the host; its table follows them.
+        let upload = host_bytes + (tree.len() * 4) as u64;
+        if upload > 0 {
+            encoder.copy_buffer_to_buffer(&staging, params_len, &self.tokens, 0, upload);
         }
         if let Some((ids, count)) = tokens.device {
             let bytes = count as u64 * 4;
@@ -728,8 +872,8 @@ impl Planner<'_> {
 
 impl GpuSequence {
     /// The dispatches of a call appending `t` tokens and scoring its last `rows`, and their
-    /// parameter blocks.
-    fn plan(&self, t: usize, rows: usize) -> (Vec<Dispatch>, Vec<ModelParams>) {
+    /// parameter blocks; `tree`: the call's tree table follows its `t` tokens.
+    fn plan(&self, t: usize, rows: usize, tree: bool) -> (Vec<Dispatch>, Vec<ModelParams>) {
         let m = &*self.model;
         let c = &m.config;
         let mut planner = Planner {
@@ -742,10 +886,17 @@ impl GpuSequence {
         let first_scored = t - rows;
         for c0 in (0..t).step_by(MAX_ROWS) {
             let n = MAX_ROWS.min(t - c0);
-            let pos = self.len + c0;
+            // A tree call's rows find their positions in the table, from the cached length.
+            let (pos, token_base) = if tree {
+                (self.len, c0)
+            } else {
+                (self.len + c0, 0)
+            };
             let base = ModelParams {
                 rows: n as u32,
                 pos: pos as u32,
+                token_base: token_base as u32,
+                tree: if tree { t as u32 } else { 0 },
                 heads: c.heads as u32,
                 kv_heads: c.kv_heads as u32,
                 head_dim: c.head_dim as u32,
@@ -836,10 +987,19 @@ impl GpuSequence {
             add(Group::AttnNorm(l), ModelKernel::RmsNorm, &attn_norm);
             let ffn_norm = [&a.x, &b.ffn_norm, &a.h.q, &a.h.d];
             add(Group::FfnNorm(l), ModelKernel::RmsNorm, &ffn_norm);
-            let rope = [&m.rope_table, &a.qkv, &a.q, kc, vc];
+            let rope = [&m.rope_table, &a.qkv, &a.q, kc, vc, &self.tokens];
             add(Group::Rope(l), ModelKernel::Rope, &rope);
-            let att = [&a.q, kc, vc, &self.scratch, &a.att.q, &a.att.d];
+            let att = [
+                &a.q,
+                kc,
+                vc,
+                &self.scratch,
+                &a.att.q,
+                &a.att.d,
+                &self.tokens,
+            ];
             add(Group::Attention(l), ModelKernel::Attention, &att);
+            add(Group::Keep(l), ModelKernel::KvKeep, &[&self.tokens, kc, vc]);
             let bias = b.bias.as_ref().unwrap_or(&m.dummy);
             let mats: [(Mat, &GpuMatrix, &Q8Act, &wgpu::Buffer, &wgpu::Buffer); 4] = [
                 (Mat::Qkv, &b.qkv, &a.h, bias, &a.qkv),
@@ -909,7 +1069,7 @@ impl GpuSequence {
         self.record(&mut first, tokens, rows)?;
         m.queue.submit([first.finish()]);
         self.truncate(start)?;
-        let count = self.plan(tokens.len(), rows).0.len();
+        let count = self.plan(tokens.len(), rows, false).0.len();
         let period = f64::from(m.queue.get_timestamp_period());
         let mut run = |per_dispatch: bool| -> Result<(Vec<String>, Vec<u64>), GpuModelError> {
             let queries = if per_dispatch { 2 * count } else { 2 } as u32;
@@ -934,6 +1094,7 @@ impl GpuSequence {
                 let host = Tokens {
                     host: tokens,
                     device: None,
+                    tree: None,
                 };
                 self.record_checked(&mut enc, host, rows, timing)
             })??;
