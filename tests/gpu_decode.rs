@@ -12,6 +12,9 @@
 //!   end-of-sequence token inside a window, and replays when seeded;
 //! - n-gram steps recorded ahead on a guess of the previous step's outcome keep the output
 //!   plain greedy's;
+//! - n-gram trees (tree attention in the target's forward, tree verification, the accepted
+//!   path's cache entries moved into place) keep greedy output plain greedy's, and a seeded
+//!   sampled tree run replays;
 //! - a seeded sampled run is reproducible; bad configurations are typed errors.
 //!
 //! Needs the weights (`examples/fetch-models.sh smollm2`) and a GPU adapter (lavapipe in CI:
@@ -27,8 +30,8 @@ use specdec::models::{
     argmax, models_dir, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelError, GpuModelOptions,
     GpuProposer, GpuSequence, Weights, PLAIN_WINDOW, SMOLLM2_FILE,
 };
-use specdec::speculative::NgramProposer;
 use specdec::speculative::StopReason;
+use specdec::speculative::{NgramProposer, NgramTreeProposer};
 use specdec::{SamplingParams, Verifier, VerifierOptions};
 
 /// A short Python function (SmolLM2 ids) whose continuation repeats some of it.
@@ -221,6 +224,41 @@ fn ngram_steps_guessed_ahead_equal_plain_greedy() {
     );
     assert_eq!(got, want, "n-gram greedy != plain greedy");
     assert!(spec.guessed_steps() > 0, "no step was guessed ahead");
+}
+
+/// n-gram trees on the GPU: greedy output equals plain greedy's, on a prompt where later
+/// occurrences disagree with the first, so that steps accept paths other than the first child's
+/// (whose cache entries must move); a seeded sampled run replays.
+#[test]
+fn ngram_tree_decoding_equals_plain_greedy() {
+    let Some(model) = gpu_model() else { return };
+    let text = "def mean(values):\n    total = 0\n    count = 0\n    for v in values:\n        \
+                total += v\n        count += 1\n    return total / count\n\n\ndef total(values):\n\
+                \x20   acc = 0\n    for v in values:\n        acc += v\n    return acc\n\n\n\
+                # The first function again, with `count` renamed to `n`:\ndef mean(values):\n";
+    let weights = Weights::load(models_dir().join(SMOLLM2_FILE)).expect("loaded above");
+    let prompt = weights.tokenizer().encode(text);
+    let n = 32;
+    let mut plain = decoder(&model, GpuProposer::None, 4).unwrap();
+    let want = plain
+        .generate(&prompt, SamplingParams::greedy(), n)
+        .unwrap();
+    let tree = || GpuProposer::NgramTree(NgramTreeProposer::new(1, 3, 4, 24).unwrap());
+    let mut spec = decoder(&model, tree(), 6).unwrap();
+    let got = spec.generate(&prompt, SamplingParams::greedy(), n).unwrap();
+    let m = spec.metrics().clone();
+    eprintln!(
+        "n-gram tree: {} target calls for {} tokens, {} accepted",
+        m.target_calls, m.appended, m.accepted
+    );
+    assert_eq!(got, want, "n-gram tree greedy != plain greedy");
+    assert!(m.accepted > 0, "no tree node was accepted");
+    assert!(m.target_calls < n as u64);
+    let params = SamplingParams::seeded(0.8, 11);
+    let a = spec.generate(&prompt, params, 16).unwrap();
+    let b = spec.generate(&prompt, params, 16).unwrap();
+    assert_eq!(a, b, "a seeded sampled tree run did not replay");
+    assert_eq!(a.tokens.len(), 16);
 }
 
 #[test]

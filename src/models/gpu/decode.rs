@@ -28,8 +28,10 @@
 
 use super::sequence::{finish_read, start_read, PendingRead};
 use super::{GpuModelError, GpuSequence};
-use crate::speculative::{Metrics, NgramProposer, StopReason};
-use crate::{Draft, GpuRows, GpuVerifyBatch, Request, SamplingParams, Verifier};
+use crate::speculative::{Metrics, NgramProposer, NgramTreeProposer, StopReason};
+use crate::tree::{TreeNode, TreeRequest};
+use crate::Verifier;
+use crate::{Draft, GpuDraft, GpuRows, GpuTreeBatch, GpuVerifyBatch, Request, SamplingParams};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,6 +50,10 @@ pub enum GpuProposer {
     /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
     /// last n-gram (no model, no GPU work).
     Ngram(NgramProposer),
+    /// Prompt lookup as a tree: the continuations of several earlier occurrences merged into a
+    /// trie, scored in one target call with tree attention ([`GpuSequence::record_tree`]) and
+    /// verified as a tree ([`Verifier::record_tree`]); `num_drafts` is the tree's depth.
+    NgramTree(NgramTreeProposer),
     /// A draft model on the same device (a smaller model, or a layer-skip copy of the target),
     /// greedy at temperature 0, else sampled from its processed distribution at the request's
     /// temperature and controls, its rows kept on the GPU as the verifier's `q`.
@@ -335,6 +341,9 @@ impl<'v> GpuDecoder<'v> {
             // that accepts every draft leaves tokens to generate.
             return self.step_device_drafts(seq, params, cap, remaining >= cap + 2);
         }
+        if matches!(self.proposer, GpuProposer::NgramTree(_)) {
+            return self.step_tree(seq, params, cap);
+        }
         let t0 = Instant::now();
         let len = seq.tokens.len();
         // A step submitted during the last one, whose guess the readback confirmed.
@@ -378,6 +387,69 @@ impl<'v> GpuDecoder<'v> {
             self.target.set_len(l);
         }
         Ok(emitted)
+    }
+
+    /// One step with an n-gram tree of depth at most `cap`: the target scores `[pending, tree]`
+    /// with tree attention, the verifier walks the tree in the same submission, and after the
+    /// readback the accepted path's cache entries move into place. Returns the emitted tokens,
+    /// appended to `seq`, as [`GpuDecoder::step`] does.
+    fn step_tree(
+        &mut self,
+        seq: &mut Committed,
+        params: &SamplingParams,
+        cap: usize,
+    ) -> Result<Vec<u32>, GpuModelError> {
+        let GpuProposer::NgramTree(proposer) = &self.proposer else {
+            unreachable!("step_tree runs for tree proposers only");
+        };
+        let t0 = Instant::now();
+        let mut nodes: Vec<TreeNode> = Vec::new();
+        proposer.propose_into(&seq.tokens, cap, &mut nodes);
+        if nodes.is_empty() && cap > 0 {
+            return self.plain_burst(seq, params, cap + 1);
+        }
+        let len = seq.tokens.len();
+        let base = self.target.len();
+        let mut tokens = vec![seq.tokens[len - 1]];
+        tokens.extend(nodes.iter().map(|n| n.token as u32));
+        let mut parents = vec![-1];
+        parents.extend(nodes.iter().map(|n| n.parent + 1));
+        let vocab = self.target.model().config().vocab_size;
+        let request = [TreeRequest {
+            nodes: &nodes,
+            params: *params,
+            position: len as u64,
+        }];
+        let mut enc = self.encoder("specdec.decode tree step");
+        let logits = self.target.record_tree(&mut enc, &tokens, &parents)?;
+        let pending = self.verifier.record_tree(
+            &mut enc,
+            &GpuTreeBatch {
+                vocab_size: vocab as u32,
+                requests: &request,
+                target_logits: logits.gpu_rows(),
+                draft: GpuDraft::OneHot,
+                draft_vocab_size: None,
+            },
+        )?;
+        self.queue().submit([enc.finish()]);
+        let t1 = Instant::now();
+        let verdict = self
+            .verifier
+            .read_tree_blocking(pending)?
+            .requests
+            .swap_remove(0);
+        let path: Vec<usize> = std::iter::once(0)
+            .chain(verdict.accepted_nodes.iter().map(|&v| v as usize + 1))
+            .collect();
+        let mut enc = self.encoder("specdec.decode keep path");
+        self.target.keep_path(&mut enc, base, &path)?;
+        self.queue().submit([enc.finish()]);
+        self.metrics.propose_time += t1 - t0;
+        self.metrics.score_time += t1.elapsed();
+        // Per depth: a tree proposes a token at depth d when it reaches d.
+        let depth = tree_depth(&nodes);
+        self.commit(seq, depth, verdict.accepted_nodes.len(), &verdict.tokens)
     }
 
     /// Records (without submitting) the target forward of `[pending, drafts]` at positions
@@ -489,7 +561,7 @@ impl<'v> GpuDecoder<'v> {
     fn propose(&mut self, seq: &Committed, cap: usize) -> Vec<u32> {
         match &mut self.proposer {
             GpuProposer::Ngram(n) => n.lookup(&seq.tokens, cap).to_vec(),
-            GpuProposer::None | GpuProposer::Model(_) => Vec::new(),
+            GpuProposer::None | GpuProposer::Model(_) | GpuProposer::NgramTree(_) => Vec::new(),
         }
     }
 
@@ -993,6 +1065,19 @@ fn target_request(params: &SamplingParams, len: usize, drafts: usize) -> Request
         params: *params,
         position: len as u64,
     }
+}
+
+/// The depth of a tree's deepest node (0 for no nodes; a child of the root has depth 1).
+fn tree_depth(nodes: &[TreeNode]) -> usize {
+    let mut depth = vec![0usize; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        depth[i] = if n.parent < 0 {
+            1
+        } else {
+            depth[n.parent as usize] + 1
+        };
+    }
+    depth.into_iter().max().unwrap_or(0)
 }
 
 /// The synthetic rule's rates for a step of `drafts` drafts (benchmarks).
