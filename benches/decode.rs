@@ -7,10 +7,16 @@
 //! cargo bench --features candle --bench decode -- qwen-1.5b --draft qwen-0.5b
 //! cargo bench --features candle --bench decode -- random-qwen-1.5b --draft random-qwen-0.5b \
 //!     --synthetic 0.88,0.75,0.75,0.67
+//! cargo bench --features candle --bench decode -- smollm2 --draft ngram-tree:4:24 --k 6
 //! ```
 //!
-//! Arguments: `TARGET [--draft none|ngram|layers:N|MODEL] [--k 4] [--tokens 64] [--rounds 3]
+//! Arguments: `TARGET [--draft none|ngram|ngram-tree:M:N|layers:N|MODEL] [--k 4] [--tokens 64]
+//! [--rounds 3]
 //! [--prompt code-edit|python|prose] [--temperature T] [--synthetic A1,A2,..] [--csv PATH]`.
+//! `ngram-tree:M:N` drafts n-gram trees (`GpuProposer::NgramTree`: up to `M` earlier occurrences
+//! merged into at most `N` nodes, depth `k`) and alternates three decoders per round: plain, the
+//! n-gram chain of depth `k`, and the tree; it writes a row for the chain and one for the tree
+//! (the same plain column), and at temperature 0 fails unless all three emit the same text.
 //! A model is `smollm2`, `qwen-0.5b`, `qwen-1.5b` (files of `examples/fetch-models.sh`), a GGUF
 //! path, or `random-<name>`: the real shape with pseudo-random weights, for machines without
 //! the files. Random weights make meaningless text, so they need `--synthetic`: the per-position
@@ -39,7 +45,7 @@ use specdec::models::{
     model_file, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions, GpuProposer,
     GpuSequence, Weights,
 };
-use specdec::speculative::NgramProposer;
+use specdec::speculative::{NgramProposer, NgramTreeProposer};
 use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
 
 #[path = "common/prompts.rs"]
@@ -148,6 +154,17 @@ fn parse(args: &[String]) -> Result<Args, String> {
     if a.cpu && (random || a.draft.starts_with("random-") || a.synthetic.is_some()) {
         return Err("--cpu runs the real weights: no random- models, no --synthetic".into());
     }
+    if a.draft.starts_with("ngram-tree:") {
+        tree_proposer(&a.draft)?;
+        if a.cpu || a.synthetic.is_some() {
+            return Err(
+                "ngram-tree runs on the GPU with real weights (no --cpu: the CPU's \
+                        trees are benches/tree_decode.rs; no --synthetic: trees verify with \
+                        Rule::Exact)"
+                    .into(),
+            );
+        }
+    }
     if a.cpu && a.draft == "none" {
         return Err("--cpu compares plain decoding with a proposer: give --draft".into());
     }
@@ -208,6 +225,7 @@ fn proposer(a: &Args, target: &Loaded, verifier: &Verifier) -> Result<GpuPropose
     let p = match a.draft.as_str() {
         "none" => GpuProposer::None,
         "ngram" => GpuProposer::Ngram(NgramProposer::new(1, 3).map_err(|e| e.to_string())?),
+        d if d.starts_with("ngram-tree:") => GpuProposer::NgramTree(tree_proposer(d)?),
         d if d.starts_with("layers:") => {
             let n = number("--draft layers:N", &d["layers:".len()..])?;
             let seq = GpuSequence::with_layers(target.gpu.clone(), n).map_err(|e| e.to_string())?;
@@ -222,8 +240,19 @@ fn proposer(a: &Args, target: &Loaded, verifier: &Verifier) -> Result<GpuPropose
     Ok(p)
 }
 
+/// `ngram-tree:M:N` → the n-gram tree proposer with `M` matches and `N` nodes.
+fn tree_proposer(draft: &str) -> Result<NgramTreeProposer, String> {
+    let spec = &draft["ngram-tree:".len()..];
+    let (m, n) = spec
+        .split_once(':')
+        .ok_or(format!("--draft {draft}: ngram-tree:M:N (matches, nodes)"))?;
+    let (m, n) = (number("ngram-tree M", m)?, number("ngram-tree N", n)?);
+    NgramTreeProposer::new(1, 3, m, n).map_err(|e| e.to_string())
+}
+
 /// One measured generation: tokens per second of decode time, and its metrics.
 struct Run {
+    tokens: Vec<u32>,
     tok_s: f64,
     steps: u64,
     accepted: u64,
@@ -242,6 +271,7 @@ fn generate(
     let decode = m.propose_time + m.score_time;
     Ok(Run {
         tok_s: out.tokens.len() as f64 / decode.as_secs_f64(),
+        tokens: out.tokens,
         steps: m.target_calls,
         accepted: m.accepted,
         step_time: decode / (m.target_calls.max(1) as u32),
@@ -452,14 +482,14 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         plain_tok_s: median(plain),
         spec_tok_s: median(spec),
         accepted_per_step: m.accepted as f64 / m.target_calls.max(1) as f64,
-        verify_share: m.verify_time.as_secs_f64() / decode,
+        verify_share: Some(m.verify_time.as_secs_f64() / decode),
     };
     println!("{}", Row::HEADER);
     println!("{}", row.csv());
     println!(
         "speed-up {:.2}x; verify {:.1} % of the speculative run",
         row.spec_tok_s / row.plain_tok_s,
-        row.verify_share * 100.0
+        row.verify_share.unwrap_or(f64::NAN) * 100.0
     );
     if let Some(path) = &a.csv {
         row.append(path)?;
@@ -507,6 +537,24 @@ fn timed_verifier() -> Result<Verifier, Box<dyn std::error::Error>> {
     Ok(Verifier::with_device(device, queue, Default::default())?)
 }
 
+/// The rounds of one speculative decoder: tok/s per round and the counters summed.
+#[derive(Default)]
+struct Series {
+    tok_s: Vec<f64>,
+    steps: u64,
+    accepted: u64,
+    step_time: Duration,
+}
+
+impl Series {
+    fn add(&mut self, r: &Run) {
+        self.tok_s.push(r.tok_s);
+        self.steps += r.steps;
+        self.accepted += r.accepted;
+        self.step_time += r.step_time;
+    }
+}
+
 fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let verifier = timed_verifier()?;
     let info = verifier.adapter_info().cloned().ok_or("no GPU adapter")?;
@@ -537,30 +585,62 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let seq = || GpuSequence::new(target.gpu.clone());
     let mut plain = GpuDecoder::new(&verifier, seq()?, GpuProposer::None, config.clone())?;
-    let mut spec = GpuDecoder::new(&verifier, seq()?, proposer(a, &target, &verifier)?, config)?;
+    let mut spec = GpuDecoder::new(
+        &verifier,
+        seq()?,
+        proposer(a, &target, &verifier)?,
+        config.clone(),
+    )?;
+    // A tree run also times the n-gram chain of the same depth, in the same rounds.
+    let tree = a.draft.starts_with("ngram-tree:");
+    let mut chain = match tree {
+        true => {
+            let ngram = GpuProposer::Ngram(NgramProposer::new(1, 3)?);
+            Some(GpuDecoder::new(&verifier, seq()?, ngram, config)?)
+        }
+        false => None,
+    };
     // Warm-up: pipelines, buffers and the GPU's clocks; the text shows what is being decoded.
     generate(&mut plain, &prompt, params, a.tokens.min(16))?;
+    if let Some(c) = &mut chain {
+        generate(c, &prompt, params, a.tokens.min(16))?;
+    }
     let text = spec.generate(&prompt, params, a.tokens)?.tokens;
     if let Some(w) = &target.weights {
         eprintln!("continuation: {:?}", w.tokenizer().decode(&text));
     }
-    let (mut plain_tok_s, mut spec_tok_s, mut steps, mut accepted) = (vec![], vec![], 0, 0);
-    let mut step_time = Duration::ZERO;
+    let (mut plain_tok_s, mut s_spec, mut s_chain) = (vec![], Series::default(), Series::default());
     for round in 0..a.rounds {
         let p = generate(&mut plain, &prompt, params, a.tokens)?;
         let s = generate(&mut spec, &prompt, params, a.tokens)?;
+        let c = chain
+            .as_mut()
+            .map(|c| generate(c, &prompt, params, a.tokens))
+            .transpose()?;
         eprintln!(
             "round {round}: plain {:.1} tok/s, speculative {:.1} tok/s ({} steps, {} drafts \
-             accepted)",
-            p.tok_s, s.tok_s, s.steps, s.accepted
+             accepted){}",
+            p.tok_s,
+            s.tok_s,
+            s.steps,
+            s.accepted,
+            c.as_ref().map_or(String::new(), |c| format!(
+                ", chain {:.1} tok/s ({} steps)",
+                c.tok_s, c.steps
+            ))
         );
+        if params.temperature == 0.0 {
+            let same = |r: &Run| r.tokens == p.tokens;
+            if !same(&s) || c.as_ref().is_some_and(|c| !same(c)) {
+                return Err("greedy speculative output differs from plain greedy output".into());
+            }
+        }
         plain_tok_s.push(p.tok_s);
-        spec_tok_s.push(s.tok_s);
-        steps += s.steps;
-        accepted += s.accepted;
-        step_time += s.step_time;
+        s_spec.add(&s);
+        if let Some(c) = &c {
+            s_chain.add(c);
+        }
     }
-    let step_time = step_time / a.rounds as u32;
     let m = spec.metrics();
     let per_position: Vec<String> = (0..a.k)
         .map(|i| {
@@ -573,28 +653,47 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         per_position.join(",")
     );
     let (verify, how) = verify_time(&verifier, vocab, a.k, params, rates.as_deref())?;
-    let row = Row {
-        model: a.target.clone(),
-        draft: a.draft.clone(),
-        proposer: proposer_kind(&a.draft).into(),
-        backend: format!("{:?}", info.backend).to_lowercase(),
-        adapter: info.name.clone(),
-        k: a.k,
-        plain_tok_s: median(plain_tok_s),
-        spec_tok_s: median(spec_tok_s),
-        accepted_per_step: accepted as f64 / steps.max(1) as f64,
-        verify_share: verify.as_secs_f64() / step_time.as_secs_f64(),
+    let plain = median(plain_tok_s);
+    let row = |draft: &str, s: Series| {
+        let step_time = s.step_time / a.rounds as u32;
+        Row {
+            model: a.target.clone(),
+            draft: draft.into(),
+            proposer: proposer_kind(draft).into(),
+            backend: format!("{:?}", info.backend).to_lowercase(),
+            adapter: info.name.clone(),
+            k: a.k,
+            plain_tok_s: plain,
+            spec_tok_s: median(s.tok_s),
+            accepted_per_step: s.accepted as f64 / s.steps.max(1) as f64,
+            // A chain step's verifier time; a tree's rows differ (benches/tree_verify.rs).
+            verify_share: (!draft.starts_with("ngram-tree"))
+                .then(|| verify.as_secs_f64() / step_time.as_secs_f64()),
+        }
     };
+    let mut rows = vec![];
+    if chain.is_some() {
+        rows.push(row("ngram", s_chain));
+    }
+    rows.push(row(&a.draft, s_spec));
     println!("{}", Row::HEADER);
-    println!("{}", row.csv());
+    for row in &rows {
+        println!("{}", row.csv());
+        println!(
+            "{}: speed-up {:.2}x; {:.2} accepted per step",
+            row.draft,
+            row.spec_tok_s / row.plain_tok_s,
+            row.accepted_per_step
+        );
+    }
     println!(
-        "speed-up {:.2}x; verify {:.1} us ({how}) of a {:.2} ms step",
-        row.spec_tok_s / row.plain_tok_s,
-        verify.as_secs_f64() * 1e6,
-        step_time.as_secs_f64() * 1e3
+        "chain verify {:.1} us ({how}) on k + 1 rows",
+        verify.as_secs_f64() * 1e6
     );
     if let Some(path) = &a.csv {
-        row.append(path)?;
+        for row in &rows {
+            row.append(path)?;
+        }
         eprintln!("appended to {path}");
     }
     Ok(())
@@ -604,6 +703,7 @@ fn proposer_kind(draft: &str) -> &'static str {
     match draft {
         "none" => "none",
         "ngram" => "ngram",
+        d if d.starts_with("ngram-tree:") => "ngram-tree",
         d if d.starts_with("layers:") => "layer-skip",
         _ => "draft-model",
     }
@@ -620,7 +720,8 @@ struct Row {
     plain_tok_s: f64,
     spec_tok_s: f64,
     accepted_per_step: f64,
-    verify_share: f64,
+    /// Empty for tree rows.
+    verify_share: Option<f64>,
 }
 
 impl Row {
@@ -629,7 +730,7 @@ impl Row {
 
     fn csv(&self) -> String {
         format!(
-            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{:.4}",
+            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{}",
             self.model,
             self.draft,
             self.proposer,
@@ -640,6 +741,7 @@ impl Row {
             self.spec_tok_s,
             self.accepted_per_step,
             self.verify_share
+                .map_or(String::new(), |v| format!("{v:.4}"))
         )
     }
 
