@@ -17,6 +17,9 @@
 //! merged into at most `N` nodes, depth `k`) and alternates three decoders per round: plain, the
 //! n-gram chain of depth `k`, and the tree; it writes a row for the chain and one for the tree
 //! (the same plain column), and at temperature 0 fails unless all three emit the same text.
+//! At a temperature above 0 round `r` samples with seed `r + 1`, so that rounds are different
+//! samples of text (use more rounds: chains and trees draw differently, and one sample decides
+//! how much of the text is copied).
 //! A model is `smollm2`, `qwen-0.5b`, `qwen-1.5b` (files of `examples/fetch-models.sh`), a GGUF
 //! path, or `random-<name>`: the real shape with pseudo-random weights, for machines without
 //! the files. Random weights make meaningless text, so they need `--synthetic`: the per-position
@@ -611,6 +614,15 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let (mut plain_tok_s, mut s_spec, mut s_chain) = (vec![], Series::default(), Series::default());
     for round in 0..a.rounds {
+        // Sampled text differs from seed to seed, and chains and trees draw differently: each
+        // round is one more sample (the same seed for all decoders of the round).
+        let params = match params.seed {
+            Some(_) if a.temperature > 0.0 && a.synthetic.is_none() => SamplingParams {
+                seed: Some(round as u64 + 1),
+                ..params
+            },
+            _ => params,
+        };
         let p = generate(&mut plain, &prompt, params, a.tokens)?;
         let s = generate(&mut spec, &prompt, params, a.tokens)?;
         let c = chain

@@ -228,7 +228,8 @@ fn ngram_steps_guessed_ahead_equal_plain_greedy() {
 
 /// n-gram trees on the GPU: greedy output equals plain greedy's, on a prompt where later
 /// occurrences disagree with the first, so that steps accept paths other than the first child's
-/// (whose cache entries must move); a seeded sampled run replays.
+/// (whose cache entries must move), with steps recorded ahead on a guess; a seeded sampled run
+/// replays.
 #[test]
 fn ngram_tree_decoding_equals_plain_greedy() {
     let Some(model) = gpu_model() else { return };
@@ -248,11 +249,15 @@ fn ngram_tree_decoding_equals_plain_greedy() {
     let got = spec.generate(&prompt, SamplingParams::greedy(), n).unwrap();
     let m = spec.metrics().clone();
     eprintln!(
-        "n-gram tree: {} target calls for {} tokens, {} accepted",
-        m.target_calls, m.appended, m.accepted
+        "n-gram tree: {} target calls for {} tokens, {} accepted, {} steps guessed ahead",
+        m.target_calls,
+        m.appended,
+        m.accepted,
+        spec.guessed_steps()
     );
     assert_eq!(got, want, "n-gram tree greedy != plain greedy");
     assert!(m.accepted > 0, "no tree node was accepted");
+    assert!(spec.guessed_steps() > 0, "no tree step was guessed ahead");
     assert!(m.target_calls < n as u64);
     let params = SamplingParams::seeded(0.8, 11);
     let a = spec.generate(&prompt, params, 16).unwrap();

@@ -134,6 +134,11 @@ impl NgramTreeProposer {
         })
     }
 
+    /// The chain proposer whose n-gram sizes the tree's matches use.
+    pub fn chain(&self) -> &NgramProposer {
+        &self.chain
+    }
+
     /// Writes the tree for `tokens` (continuations at most `depth` long) into `out`, cleared
     /// first; empty when nothing matches or `depth` is 0. Nodes are in topological order.
     pub fn propose_into(&self, tokens: &[u32], depth: usize, out: &mut Vec<crate::tree::TreeNode>) {

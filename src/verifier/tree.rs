@@ -155,6 +155,14 @@ impl Verifier {
         Ok(PendingTree { ws, plan })
     }
 
+    /// Ends a recorded tree verification whose verdicts are not needed (a step recorded ahead
+    /// and dropped), returning its buffers to the pool, as [`Verifier::release`] does for chains.
+    pub fn release_tree(&self, pending: PendingTree) {
+        if let Backend::Gpu(g) = &self.backend {
+            g.give_back(pending.ws);
+        }
+    }
+
     /// Waits for a recorded tree verification (after the caller submitted its encoder) and
     /// reads the verdicts back.
     pub fn read_tree_blocking(&self, pending: PendingTree) -> Result<TreeOutput, Error> {

@@ -30,8 +30,8 @@ use super::sequence::{finish_read, start_read, PendingRead};
 use super::{GpuModelError, GpuSequence};
 use crate::speculative::{Metrics, NgramProposer, NgramTreeProposer, StopReason};
 use crate::tree::{TreeNode, TreeRequest};
-use crate::Verifier;
 use crate::{Draft, GpuDraft, GpuRows, GpuTreeBatch, GpuVerifyBatch, Request, SamplingParams};
+use crate::{PendingTree, Verifier};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -115,6 +115,10 @@ pub struct GpuDecoder<'v> {
     /// With n-gram drafts: the current step's drafts and verification, submitted during the
     /// previous step on a guess its readback confirmed.
     guessed: Option<(Vec<u32>, crate::PendingVerify)>,
+    /// With n-gram trees: the current step's tree and verification (and the target's length
+    /// before its forward), submitted during the previous step on a guess its readback
+    /// confirmed.
+    guessed_tree: Option<(Vec<TreeNode>, PendingTree, usize)>,
     guessed_steps: u64,
     metrics: Metrics,
 }
@@ -186,6 +190,7 @@ impl<'v> GpuDecoder<'v> {
             ahead: None,
             outcomes: [0; super::MAX_ROWS],
             guessed: None,
+            guessed_tree: None,
             guessed_steps: 0,
             metrics: Metrics::default(),
         })
@@ -271,6 +276,9 @@ impl<'v> GpuDecoder<'v> {
         if let Some((p, _)) = self.ahead.take() {
             self.verifier.release(p);
         }
+        if let Some((_, p, _)) = self.guessed_tree.take() {
+            self.verifier.release_tree(p);
+        }
         if let Some((_, p)) = self.guessed.take() {
             self.verifier.release(p);
         }
@@ -342,7 +350,7 @@ impl<'v> GpuDecoder<'v> {
             return self.step_device_drafts(seq, params, cap, remaining >= cap + 2);
         }
         if matches!(self.proposer, GpuProposer::NgramTree(_)) {
-            return self.step_tree(seq, params, cap);
+            return self.step_tree(seq, params, cap, remaining);
         }
         let t0 = Instant::now();
         let len = seq.tokens.len();
@@ -391,32 +399,94 @@ impl<'v> GpuDecoder<'v> {
 
     /// One step with an n-gram tree of depth at most `cap`: the target scores `[pending, tree]`
     /// with tree attention, the verifier walks the tree in the same submission, and after the
-    /// readback the accepted path's cache entries move into place. Returns the emitted tokens,
-    /// appended to `seq`, as [`GpuDecoder::step`] does.
+    /// readback the accepted path's cache entries move into place. While it runs, the next step
+    /// is recorded on the guess that this one accepts the tree's first-child path (the chain
+    /// drafter's proposal, already in place in the cache) and emits the n-gram's next token, and
+    /// submitted when the readback confirms that, as chain steps do ([`GpuDecoder::step`]).
+    /// Returns the emitted tokens, appended to `seq`.
     fn step_tree(
         &mut self,
         seq: &mut Committed,
         params: &SamplingParams,
         cap: usize,
+        remaining: usize,
     ) -> Result<Vec<u32>, GpuModelError> {
         let GpuProposer::NgramTree(proposer) = &self.proposer else {
             unreachable!("step_tree runs for tree proposers only");
         };
         let t0 = Instant::now();
-        let mut nodes: Vec<TreeNode> = Vec::new();
-        proposer.propose_into(&seq.tokens, cap, &mut nodes);
-        if nodes.is_empty() && cap > 0 {
-            return self.plain_burst(seq, params, cap + 1);
-        }
         let len = seq.tokens.len();
-        let base = self.target.len();
-        let mut tokens = vec![seq.tokens[len - 1]];
+        let (nodes, pending, base) = match self.guessed_tree.take() {
+            Some(step) => step,
+            None => {
+                let mut nodes: Vec<TreeNode> = Vec::new();
+                proposer.propose_into(&seq.tokens, cap, &mut nodes);
+                if nodes.is_empty() && cap > 0 {
+                    return self.plain_burst(seq, params, cap + 1);
+                }
+                let base = self.target.len();
+                let (commands, pending) =
+                    self.record_tree_step(seq.tokens[len - 1], len, &nodes, params)?;
+                self.queue().submit([commands]);
+                (nodes, pending, base)
+            }
+        };
+        let t1 = Instant::now();
+        let guess = self.guess_next_tree(seq, &nodes, base, params, remaining)?;
+        let verdict = self
+            .verifier
+            .read_tree_blocking(pending)?
+            .requests
+            .swap_remove(0);
+        let mut target_len = None;
+        if let Some(g) = guess {
+            let bonus = verdict.tokens.last() == Some(&(g.bonus as i32));
+            if verdict.accepted_nodes == g.path && bonus {
+                self.queue().submit([g.commands]);
+                self.guessed_tree = Some((g.nodes, g.verify, g.base));
+                self.guessed_steps += 1;
+                target_len = Some(g.target_len);
+            } else {
+                drop(g.commands);
+                self.verifier.release_tree(g.verify);
+            }
+        }
+        let path: Vec<usize> = std::iter::once(0)
+            .chain(verdict.accepted_nodes.iter().map(|&v| v as usize + 1))
+            .collect();
+        let mut enc = self.encoder("specdec.decode keep path");
+        self.target.keep_path(&mut enc, base, &path)?;
+        if path.iter().enumerate().any(|(d, &s)| d != s) {
+            self.queue().submit([enc.finish()]);
+        }
+        self.metrics.propose_time += t1 - t0;
+        self.metrics.score_time += t1.elapsed();
+        // Per depth: a tree proposes a token at depth d when it reaches d.
+        let depth = tree_depth(&nodes);
+        let emitted = self.commit(seq, depth, verdict.accepted_nodes.len(), &verdict.tokens)?;
+        if let Some(l) = target_len {
+            // The guessed step's forward, submitted above, appends after what was kept.
+            self.target.set_len(l);
+        }
+        Ok(emitted)
+    }
+
+    /// Records (without submitting) the target's tree forward of `[pending, nodes]` after the
+    /// `len` committed tokens and the tree verification of its rows.
+    fn record_tree_step(
+        &mut self,
+        pending: u32,
+        len: usize,
+        nodes: &[TreeNode],
+        params: &SamplingParams,
+    ) -> Result<(wgpu::CommandBuffer, PendingTree), GpuModelError> {
+        let mut tokens = vec![pending];
         tokens.extend(nodes.iter().map(|n| n.token as u32));
         let mut parents = vec![-1];
         parents.extend(nodes.iter().map(|n| n.parent + 1));
         let vocab = self.target.model().config().vocab_size;
         let request = [TreeRequest {
-            nodes: &nodes,
+            nodes,
             params: *params,
             position: len as u64,
         }];
@@ -432,24 +502,63 @@ impl<'v> GpuDecoder<'v> {
                 draft_vocab_size: None,
             },
         )?;
-        self.queue().submit([enc.finish()]);
-        let t1 = Instant::now();
-        let verdict = self
-            .verifier
-            .read_tree_blocking(pending)?
-            .requests
-            .swap_remove(0);
-        let path: Vec<usize> = std::iter::once(0)
-            .chain(verdict.accepted_nodes.iter().map(|&v| v as usize + 1))
-            .collect();
-        let mut enc = self.encoder("specdec.decode keep path");
-        self.target.keep_path(&mut enc, base, &path)?;
-        self.queue().submit([enc.finish()]);
-        self.metrics.propose_time += t1 - t0;
-        self.metrics.score_time += t1.elapsed();
-        // Per depth: a tree proposes a token at depth d when it reaches d.
-        let depth = tree_depth(&nodes);
-        self.commit(seq, depth, verdict.accepted_nodes.len(), &verdict.tokens)
+        Ok((enc.finish(), pending))
+    }
+
+    /// While a tree step over `nodes` (forwarded from target length `base`) runs: the next
+    /// step recorded on the guess that it accepts the first-child path and emits the token the
+    /// n-gram predicts after it. `None` where nothing can be guessed or fewer than 2 tokens
+    /// would remain after the step.
+    fn guess_next_tree(
+        &mut self,
+        seq: &Committed,
+        nodes: &[TreeNode],
+        base: usize,
+        params: &SamplingParams,
+        remaining: usize,
+    ) -> Result<Option<TreeGuess>, GpuModelError> {
+        let GpuProposer::NgramTree(proposer) = &self.proposer else {
+            return Ok(None);
+        };
+        // The first-child path is nodes 0..c: node i's parent is i − 1 for as long as that
+        // lasts, and a node's first child is the lowest-numbered one.
+        let c = (0..nodes.len())
+            .take_while(|&i| nodes[i].parent == i as i32 - 1)
+            .count();
+        let emitted = c + 1;
+        if c == 0 || remaining < emitted + 2 {
+            return Ok(None);
+        }
+        let cap = (remaining - emitted - 1).min(self.config.num_drafts);
+        let mut text = seq.tokens.clone();
+        text.extend(nodes[..c].iter().map(|n| n.token as u32));
+        let Some(&bonus) = proposer.chain().lookup(&text, 1).first() else {
+            return Ok(None);
+        };
+        text.push(bonus);
+        let mut next = Vec::new();
+        proposer.propose_into(&text, cap, &mut next);
+        if next.is_empty() {
+            return Ok(None);
+        }
+        // The KV cache may not be replaced while an alternative is recorded.
+        self.target.reserve(next.len() + 1)?;
+        let now = self.target.len();
+        let guessed_base = base + emitted;
+        self.target.set_len(guessed_base);
+        let recorded = self.record_tree_step(bonus, seq.tokens.len() + emitted, &next, params);
+        let target_len = self.target.len();
+        self.target.set_len(now);
+        let (commands, verify) = recorded?;
+        Ok(Some(TreeGuess {
+            bonus,
+            path: (0..c as u32).collect(),
+            nodes: next,
+            commands,
+            verify,
+            base: guessed_base,
+            target_len,
+        }))
     }
 
     /// Records (without submitting) the target forward of `[pending, drafts]` at positions
@@ -891,6 +1000,20 @@ struct Guess {
     commands: wgpu::CommandBuffer,
     verify: crate::PendingVerify,
     /// The target's length once this step's forward is in.
+    target_len: usize,
+}
+
+/// A tree step recorded ahead on a guess ([`GpuDecoder::guess_next_tree`]).
+struct TreeGuess {
+    /// The bonus token the previous step is guessed to emit (this step's pending token).
+    bonus: u32,
+    /// The nodes the previous step is guessed to accept: its first-child path.
+    path: Vec<u32>,
+    nodes: Vec<TreeNode>,
+    commands: wgpu::CommandBuffer,
+    verify: PendingTree,
+    /// The target's length before this step's forward, and after it.
+    base: usize,
     target_len: usize,
 }
 
