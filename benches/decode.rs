@@ -34,7 +34,8 @@
 //!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
-//! verify_share`). tok/s is the median over rounds of generated tokens per second of decode
+//! verify_share, prompt, temperature, rounds`; CSVs written before the last three columns
+//! existed have ten). tok/s is the median over rounds of generated tokens per second of decode
 //! time (the prompt's prefill excluded); `accepted_per_step` is the mean of accepted drafts per
 //! target call; `verify_share` is the verifier's GPU time on the step's `k + 1` rows (timestamp
 //! queries where the adapter has them, else the wall time of a verify-only submission, an upper
@@ -486,6 +487,9 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         spec_tok_s: median(spec),
         accepted_per_step: m.accepted as f64 / m.target_calls.max(1) as f64,
         verify_share: Some(m.verify_time.as_secs_f64() / decode),
+        prompt: a.prompt.clone(),
+        temperature: a.temperature,
+        rounds: a.rounds,
     };
     println!("{}", Row::HEADER);
     println!("{}", row.csv());
@@ -681,6 +685,9 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             // A chain step's verifier time; a tree's rows differ (benches/tree_verify.rs).
             verify_share: (!draft.starts_with("ngram-tree"))
                 .then(|| verify.as_secs_f64() / step_time.as_secs_f64()),
+            prompt: a.prompt.clone(),
+            temperature: a.temperature,
+            rounds: a.rounds,
         }
     };
     let mut rows = vec![];
@@ -734,15 +741,18 @@ struct Row {
     accepted_per_step: f64,
     /// Empty for tree rows.
     verify_share: Option<f64>,
+    prompt: String,
+    temperature: f32,
+    rounds: usize,
 }
 
 impl Row {
     const HEADER: &'static str = "model,draft,proposer,backend,adapter,k,plain_tok_s,spec_tok_s,\
-                                  accepted_per_step,verify_share";
+                                  accepted_per_step,verify_share,prompt,temperature,rounds";
 
     fn csv(&self) -> String {
         format!(
-            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{}",
+            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{},{},{},{}",
             self.model,
             self.draft,
             self.proposer,
@@ -753,7 +763,10 @@ impl Row {
             self.spec_tok_s,
             self.accepted_per_step,
             self.verify_share
-                .map_or(String::new(), |v| format!("{v:.4}"))
+                .map_or(String::new(), |v| format!("{v:.4}")),
+            self.prompt,
+            self.temperature,
+            self.rounds
         )
     }
 
