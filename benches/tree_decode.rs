@@ -13,14 +13,25 @@
 //! `--matches` earlier occurrences into at most `--nodes` nodes. Greedy runs (the default) stop
 //! with an error if either emits other text than plain decoding.
 //!
+//! `--draft MODEL|layers:N [--branching 2] [--width 4]` drafts with a model instead
+//! (`models::DraftTreeProposer`): the chain is its greedy chain, the tree adds per level the
+//! `--width` best of each deepest node's top `--branching` continuations (the `matches` and
+//! `nodes` columns then hold branching and width, and the `drafter` column names the draft):
+//!
+//! ```text
+//! cargo bench --features candle --bench tree_decode -- qwen-1.5b --draft qwen-0.5b --depth 4
+//! ```
+//!
 //! Output: per mode the median tok/s over rounds (decode time, prefill excluded), generated
 //! tokens per target call, draft nodes per call, and the ratio to plain decoding; with `--csv`
 //! the rows are appended (`model, prompt, mode, adapter, depth, matches, nodes, tok_s,
-//! tokens_per_call, nodes_per_call, vs_plain`).
+//! tokens_per_call, nodes_per_call, vs_plain, drafter`; CSVs from before the last column have
+//! eleven).
 
 use std::process::ExitCode;
 
-use specdec::models::{generate_tree, model_file, LoadOptions, MatmulKernel, Model, Weights};
+use specdec::models::{generate_tree, generate_tree_with, DraftTreeProposer};
+use specdec::models::{model_file, LoadOptions, MatmulKernel, Model, Weights};
 use specdec::models::{TreeGenOptions, TreeGeneration};
 use specdec::speculative::NgramTreeProposer;
 use specdec::SamplingParams;
@@ -39,6 +50,10 @@ struct Args {
     temperature: f32,
     kernel: MatmulKernel,
     csv: Option<String>,
+    /// A draft model (`MODEL` or `layers:N`): chains and trees drafted by it instead of n-grams.
+    draft: Option<String>,
+    branching: usize,
+    width: usize,
 }
 
 fn main() -> ExitCode {
@@ -72,6 +87,9 @@ fn parse(args: &[String]) -> Result<Args, String> {
         temperature: 0.0,
         kernel: MatmulKernel::Auto,
         csv: None,
+        draft: None,
+        branching: 2,
+        width: 4,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -85,6 +103,9 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--nodes" => a.nodes = number(arg, &value()?)?,
             "--temperature" => a.temperature = number(arg, &value()?)?,
             "--csv" => a.csv = Some(value()?),
+            "--draft" => a.draft = Some(value()?),
+            "--branching" => a.branching = number(arg, &value()?)?,
+            "--width" => a.width = number(arg, &value()?)?,
             "--kernel" => {
                 a.kernel = match value()?.as_str() {
                     "auto" => MatmulKernel::Auto,
@@ -109,15 +130,19 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The CSV header.
+const HEADER: &str = "model,prompt,mode,adapter,depth,matches,nodes,tok_s,tokens_per_call,\
+                      nodes_per_call,vs_plain,drafter";
+
 /// The three drafters compared: none, the chain, the tree.
 const MODES: [&str; 3] = ["plain", "chain", "tree"];
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let options = LoadOptions {
+    let load = LoadOptions {
         kernel: a.kernel,
         ..Default::default()
     };
-    let weights = Weights::load_with(model_file(&a.model), &options)?;
+    let weights = Weights::load_with(model_file(&a.model), &load)?;
     let prompt = weights.tokenizer().encode(prompts::prompt_text(&a.prompt)?);
     let params = if a.temperature > 0.0 {
         SamplingParams::seeded(a.temperature, 1)
@@ -148,13 +173,38 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "{} on {adapter}, prompt {:?}, {} tokens",
         a.model, a.prompt, a.tokens
     );
-    generate_tree(&mut model, &prompt, &options("tree")?)?; // warm-up
+    // With a draft model: its greedy chain and its tree, each proposer with its own cache.
+    let mut drafts = match &a.draft {
+        Some(d) => {
+            let draft = || -> Result<Model, Box<dyn std::error::Error>> {
+                Ok(match d.strip_prefix("layers:") {
+                    Some(n) => Model::layer_skip(weights.clone(), number("--draft layers:N", n)?)?,
+                    None => Model::new(Weights::load_with(model_file(d), &load)?),
+                })
+            };
+            let chain = DraftTreeProposer::new(draft()?, 1, 1)?;
+            Some((
+                chain,
+                DraftTreeProposer::new(draft()?, a.branching, a.width)?,
+            ))
+        }
+        None => None,
+    };
+    let mut generate = |mode: &str| -> Result<TreeGeneration, Box<dyn std::error::Error>> {
+        let plain = options("plain")?;
+        Ok(match (&mut drafts, mode) {
+            (Some((c, _)), "chain") => generate_tree_with(&mut model, &prompt, &plain, c)?,
+            (Some((_, t)), "tree") => generate_tree_with(&mut model, &prompt, &plain, t)?,
+            _ => generate_tree(&mut model, &prompt, &options(mode)?)?,
+        })
+    };
+    generate("tree")?; // warm-up
     let mut runs: Vec<Vec<TreeGeneration>> = vec![Vec::new(); MODES.len()];
     for round in 0..a.rounds {
         // Rotate the order so that no mode always runs first.
         for i in 0..MODES.len() {
             let m = (i + round) % MODES.len();
-            let out = generate_tree(&mut model, &prompt, &options(MODES[m])?)?;
+            let out = generate(MODES[m])?;
             eprintln!(
                 "round {round} {:>5}: {:7.2} tok/s, {:.2} tokens per call",
                 MODES[m],
@@ -172,7 +222,8 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let plain = median(runs[0].iter().map(|r| r.tokens_per_second()).collect());
-    println!("model,prompt,mode,adapter,depth,matches,nodes,tok_s,tokens_per_call,nodes_per_call,vs_plain");
+    println!("{HEADER}");
+    let drafter = a.draft.as_deref().unwrap_or("ngram");
     let mut lines = Vec::new();
     for (m, mode) in MODES.iter().enumerate() {
         let rs = &runs[m];
@@ -180,13 +231,18 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let calls: usize = rs.iter().map(|r| r.target_calls).sum();
         let tokens: usize = rs.iter().map(|r| r.tokens.len()).sum();
         let nodes: usize = rs.iter().map(|r| r.nodes_scored).sum();
+        // For a draft model: branching and width; for n-grams: matches and nodes.
+        let (matches, nodes_col) = match (a.draft.is_some(), *mode) {
+            (true, "tree") => (a.branching, a.width),
+            (true, _) => (1, 1),
+            (false, "tree") => (a.matches, a.nodes),
+            (false, _) => (1, a.nodes),
+        };
         let line = format!(
-            "{},{},{mode},{adapter},{},{},{},{tok_s:.2},{:.3},{:.2},{:.3}",
+            "{},{},{mode},{adapter},{},{matches},{nodes_col},{tok_s:.2},{:.3},{:.2},{:.3},{drafter}",
             a.model,
             a.prompt,
             a.depth,
-            if *mode == "tree" { a.matches } else { 1 },
-            a.nodes,
             tokens as f64 / calls as f64,
             nodes as f64 / calls as f64,
             tok_s / plain
@@ -202,7 +258,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .append(true)
             .open(path)?;
         if new {
-            writeln!(f, "model,prompt,mode,adapter,depth,matches,nodes,tok_s,tokens_per_call,nodes_per_call,vs_plain")?;
+            writeln!(f, "{HEADER}")?;
         }
         for l in lines {
             writeln!(f, "{l}")?;

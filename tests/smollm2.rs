@@ -514,3 +514,54 @@ fn greedy_tree_decoding_equals_plain_decoding() {
     assert!(by_chain.target_calls < plain.target_calls);
     assert!(by_tree.target_calls <= by_chain.target_calls);
 }
+
+/// Trees drafted by a draft model (`DraftTreeProposer`, top-k per node, the draft's greedy chain
+/// as the first-child path): greedy tree decoding emits exactly the plain greedy text with a
+/// layer-skip draft, and the whole model as its own draft has every step accept the full depth
+/// (its greedy chain is the target's), which a tree without that chain would miss.
+#[test]
+fn greedy_draft_model_trees_equal_plain_decoding() {
+    use specdec::models::{generate_tree, generate_tree_with, DraftTreeProposer, TreeGenOptions};
+    let w = weights();
+    let tok = w.tokenizer();
+    let prompt =
+        tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n");
+    let mut m = Model::new(w.clone());
+    let opts = TreeGenOptions {
+        max_new_tokens: 16,
+        params: specdec::SamplingParams::greedy(),
+        proposer: None,
+        depth: 4,
+        verify_threads: 1,
+    };
+    let plain = generate_tree(&mut m, &prompt, &opts).unwrap();
+    let layers = m.layers();
+    let skip = Model::layer_skip(w.clone(), layers / 3).unwrap();
+    let mut draft = DraftTreeProposer::new(skip, 2, 3).unwrap();
+    let by_skip = generate_tree_with(&mut m, &prompt, &opts, &mut draft).unwrap();
+    assert_eq!(
+        by_skip.tokens,
+        plain.tokens,
+        "{}",
+        tok.decode(&by_skip.tokens)
+    );
+    let mut own = DraftTreeProposer::new(Model::new(w.clone()), 2, 3).unwrap();
+    let by_own = generate_tree_with(&mut m, &prompt, &opts, &mut own).unwrap();
+    assert_eq!(by_own.tokens, plain.tokens);
+    println!(
+        "tokens per call: layer-skip draft {:.2} ({} nodes), own draft {:.2}",
+        by_skip.tokens_per_call(),
+        by_skip.nodes_scored,
+        by_own.tokens_per_call()
+    );
+    // 16 tokens at up to 5 per call (4 drafts and the bonus): 4 calls when every draft passes.
+    assert_eq!(
+        by_own.target_calls, 4,
+        "the draft's own greedy chain was rejected"
+    );
+    assert!(
+        by_skip.nodes_scored > by_skip.target_calls * 4,
+        "no branching"
+    );
+    assert!(DraftTreeProposer::new(Model::new(w), 0, 3).is_err());
+}

@@ -31,6 +31,7 @@
 //! name them.
 
 mod cpu_matmul;
+mod draft_tree;
 mod error;
 mod generate;
 mod gpu;
@@ -43,6 +44,7 @@ mod weights;
 use std::path::PathBuf;
 
 pub use cpu_matmul::{CpuKernel, CpuQ8Matrix, ROW_TILE, TILE_LANES};
+pub use draft_tree::DraftTreeProposer;
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
@@ -53,7 +55,7 @@ pub use gpu::{
 pub use model::Model;
 pub use speculative::GreedyDraft;
 pub use tokenizer::{PreTokenizer, Tokenizer};
-pub use tree_decode::{generate_tree, TreeGenOptions, TreeGeneration};
+pub use tree_decode::{generate_tree, generate_tree_with, TreeGenOptions, TreeGeneration};
 pub use weights::{Architecture, Config, LoadOptions, MatmulKernel, RopeStyle, Weights};
 
 /// File name of SmolLM2-135M-Instruct (Q4_1) in the models directory.

@@ -3,10 +3,12 @@
 //! ([`Model::forward_tree`]), tree verification ([`crate::tree::verify_on_cpu`]), and the KV
 //! cache cut back to the accepted path ([`Model::keep_path`]). With `max_matches = 1` the
 //! proposer drafts a chain and with no proposer every step is a plain decode step, through the
-//! same code: the three differ only in what they draft.
+//! same code: the three differ only in what they draft. [`generate_tree_with`] drafts with a
+//! draft model instead ([`DraftTreeProposer`]: top-k trees).
 
 use std::time::Instant;
 
+use super::draft_tree::DraftTreeProposer;
 use super::model::Model;
 use crate::speculative::{NgramTreeProposer, SpecError};
 use crate::tree::{verify_on_cpu, TreeBatch, TreeNode, TreeRequest};
@@ -59,6 +61,41 @@ pub fn generate_tree(
     prompt: &[u32],
     opts: &TreeGenOptions,
 ) -> Result<TreeGeneration, SpecError> {
+    let ngram = opts.proposer;
+    run(model, prompt, opts, &mut |seq, depth, nodes| {
+        match &ngram {
+            Some(p) => p.propose_into(seq, depth, nodes),
+            None => nodes.clear(),
+        }
+        Ok(())
+    })
+}
+
+/// [`generate_tree`] with trees drafted by a draft model (`opts.proposer` is not used); the
+/// draft's time counts in the decode time.
+pub fn generate_tree_with(
+    model: &mut Model,
+    prompt: &[u32],
+    opts: &TreeGenOptions,
+    draft: &mut DraftTreeProposer,
+) -> Result<TreeGeneration, SpecError> {
+    run(model, prompt, opts, &mut |seq, depth, nodes| {
+        draft
+            .propose_into(seq, depth, nodes)
+            .map_err(|e| SpecError::Model(e.into()))
+    })
+}
+
+/// A drafter of [`run`]: writes the tree for a sequence, at most the given depth.
+type Propose<'a> = dyn FnMut(&[u32], usize, &mut Vec<TreeNode>) -> Result<(), SpecError> + 'a;
+
+/// The decode loop of [`generate_tree`] over any drafter.
+fn run(
+    model: &mut Model,
+    prompt: &[u32],
+    opts: &TreeGenOptions,
+    propose: &mut Propose<'_>,
+) -> Result<TreeGeneration, SpecError> {
     let Some((&root, head)) = prompt.split_last() else {
         return Err(SpecError::Invalid("the prompt is empty".into()));
     };
@@ -80,11 +117,8 @@ pub fn generate_tree(
     let start = Instant::now();
     while out.tokens.len() < opts.max_new_tokens {
         let left = opts.max_new_tokens - out.tokens.len();
-        match &opts.proposer {
-            // Deeper than what is left would score rows no one keeps.
-            Some(p) => p.propose_into(&seq, opts.depth.min(left - 1), &mut nodes),
-            None => nodes.clear(),
-        }
+        // Deeper than what is left would score rows no one keeps.
+        propose(&seq, opts.depth.min(left - 1), &mut nodes)?;
         tokens.clear();
         tokens.push(root);
         tokens.extend(nodes.iter().map(|n: &TreeNode| n.token as u32));
