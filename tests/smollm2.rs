@@ -565,3 +565,47 @@ fn greedy_draft_model_trees_equal_plain_decoding() {
     );
     assert!(DraftTreeProposer::new(Model::new(w), 0, 3).is_err());
 }
+
+/// `extend_tree` grows a tree level by level with the rows a forward of the whole tree gives
+/// (within the split tolerance), and refuses a wrong base or a parent that is not earlier.
+#[test]
+fn extending_a_tree_level_by_level_equals_forwarding_it_whole() {
+    let w = weights();
+    let tok = w.tokenizer();
+    let prompt = tok.encode("fn main() {");
+    let a = tok.encode(" let x = 1;");
+    let b = tok.encode(" println!");
+    let root = *prompt.last().unwrap();
+    let tokens = [root, a[0], b[0], a[1], b[1], a[2]];
+    let parents = [-1, 0, 0, 1, 2, 3];
+    let mut whole = Model::new(w.clone());
+    whole.forward(&prompt[..prompt.len() - 1]).unwrap();
+    let base = whole.len();
+    let all = whole.forward_tree(&tokens, &parents).unwrap();
+    let mut m = Model::new(w.clone());
+    m.forward(&prompt[..prompt.len() - 1]).unwrap();
+    let mut rows = m.forward_tree(&tokens[..1], &parents[..1]).unwrap();
+    for level in [1..3, 3..5, 5..6] {
+        let more = m
+            .extend_tree(
+                base,
+                &parents[..level.start],
+                &tokens[level.clone()],
+                &parents[level.clone()],
+            )
+            .unwrap();
+        rows.extend(more);
+    }
+    assert_eq!(m.len(), base + tokens.len());
+    let d = max_abs_diff(&rows, &all);
+    assert!(d <= SPLIT_TOLERANCE, "level by level vs whole: {d}");
+    assert!(
+        m.extend_tree(base + 1, &parents, &[5], &[0]).is_err(),
+        "wrong base"
+    );
+    assert!(
+        m.extend_tree(base, &parents, &[5], &[6]).is_err(),
+        "parent not earlier"
+    );
+    assert_eq!(m.len(), base + tokens.len());
+}

@@ -1,5 +1,6 @@
 //! A tree drafted by a draft model ([`DraftTreeProposer`]): at each depth the draft scores the
-//! tree built so far in one tree forward ([`Model::forward_tree`]), and the most likely
+//! level just added in one call ([`Model::extend_tree`], the tree above it already in its
+//! cache), and the most likely
 //! continuations of the deepest nodes become the next level, top-k per node, ranked across the
 //! level by the draft's log-probability of the whole path (as EAGLE-2 ranks its candidates).
 //! The draft's greedy chain is always kept as the first-child path, so the tree contains what a
@@ -65,20 +66,19 @@ impl DraftTreeProposer {
             return Ok(());
         }
         let base = head.len();
-        // Call rows: the root, then the nodes (row i + 1 is node i).
-        let mut tokens = vec![root];
+        let vocab = self.draft.vocab_size();
+        // Tree rows: the root, then the nodes (row i + 1 is node i); their parents and path
+        // log-probabilities.
         let mut parents = vec![-1i32];
         let mut score = vec![0f64];
-        // The deepest level's rows, the draft's greedy chain first.
+        // The deepest level's rows (the draft's greedy chain first) and their logits.
         let mut frontier = vec![0usize];
-        for _ in 0..depth {
-            self.draft.truncate(base)?;
-            let rows = self.draft.forward_tree(&tokens, &parents)?;
-            let vocab = self.draft.vocab_size();
+        let mut rows = self.draft.forward_tree(&[root], &[-1])?;
+        for level in 0..depth {
             // (path log-probability, parent row, token), the frontier's children.
             let mut candidates: Vec<(f64, usize, u32)> = Vec::new();
-            for &f in &frontier {
-                let row = &rows[f * vocab..(f + 1) * vocab];
+            for (j, &f) in frontier.iter().enumerate() {
+                let row = &rows[j * vocab..(j + 1) * vocab];
                 for (t, lp) in top_k_log_probs(row, self.branching) {
                     candidates.push((score[f] + lp, f, t));
                 }
@@ -88,22 +88,27 @@ impl DraftTreeProposer {
             let lead = candidates.first().copied();
             let mut rest: Vec<(f64, usize, u32)> = candidates.into_iter().skip(1).collect();
             rest.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let (mut new_tokens, mut new_parents) = (Vec::new(), Vec::new());
             frontier.clear();
             for (s, parent, token) in lead.into_iter().chain(rest).take(self.width) {
                 out.push(TreeNode {
                     token: token as i32,
                     parent: parent as i32 - 1,
                 });
-                tokens.push(token);
-                parents.push(parent as i32);
+                new_tokens.push(token);
+                new_parents.push(parent as i32);
                 score.push(s);
-                frontier.push(tokens.len() - 1);
+                frontier.push(parents.len() + new_parents.len() - 1);
             }
-            // Topological order holds (parents are earlier rows); siblings must stay distinct,
-            // which top-k of one row guarantees.
-            if frontier.is_empty() {
+            // Top-k of one row are distinct tokens, so siblings are.
+            if new_tokens.is_empty() || level + 1 == depth {
                 break;
             }
+            // Only the new level is forwarded: the tree above it is in the draft's cache.
+            rows = self
+                .draft
+                .extend_tree(base, &parents, &new_tokens, &new_parents)?;
+            parents.extend_from_slice(&new_parents);
         }
         self.draft.truncate(base)?;
         Ok(())

@@ -100,6 +100,23 @@ pub enum ModelError {
     },
 }
 
+/// Checks a `keep_path(base, path)` of a sequence of length `len` (CPU and GPU models alike):
+/// `base ≤ len`, and `path` increasing within the `len − base` tokens appended since `base`.
+pub(crate) fn check_kept_path(len: usize, base: usize, path: &[usize]) -> Result<(), ModelError> {
+    let appended = len
+        .checked_sub(base)
+        .ok_or(ModelError::TruncateBeyondLength {
+            requested: base,
+            len,
+        })?;
+    if path.windows(2).any(|w| w[0] >= w[1]) || path.last().is_some_and(|&l| l >= appended) {
+        return Err(ModelError::BadTree {
+            message: format!("keep_path {path:?} is not increasing within {appended} tokens"),
+        });
+    }
+    Ok(())
+}
+
 impl fmt::Display for ModelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -135,7 +135,7 @@ impl Model {
             });
         }
         let chain: Vec<i32> = (-1..tokens.len() as i32 - 1).collect();
-        let logits = self.forward_tensor(tokens, rows, &chain)?;
+        let logits = self.forward_tensor(tokens, rows, self.len, &chain)?;
         logits
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
@@ -171,7 +171,50 @@ impl Model {
                 ),
             });
         }
-        let logits = self.forward_tensor(tokens, tokens.len(), parents)?;
+        let logits = self.forward_tensor(tokens, tokens.len(), self.len, parents)?;
+        logits
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .ctx("reading the logits back")
+    }
+
+    /// Extends the tree appended since `base` (by [`Model::forward_tree`] and earlier calls of
+    /// this) with `tokens`, returning their logits: `prior` are the parents the cached tree
+    /// tokens were given (`len() − base` of them) and `parents[i]` indexes all tree tokens, the
+    /// cached ones first (−1: below `base`). Rows are the values `forward_tree` of the whole tree
+    /// gives them, so a drafter can grow a tree level by level without re-forwarding it.
+    pub fn extend_tree(
+        &mut self,
+        base: usize,
+        prior: &[i32],
+        tokens: &[u32],
+        parents: &[i32],
+    ) -> Result<Vec<f32>, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if base + prior.len() != self.len || parents.len() != tokens.len() {
+            return Err(ModelError::BadTree {
+                message: format!(
+                    "extend_tree: {} cached tree tokens after base {base} (length {}), {} \
+                     parents for {} tokens",
+                    prior.len(),
+                    self.len,
+                    parents.len(),
+                    tokens.len()
+                ),
+            });
+        }
+        let all: Vec<i32> = prior.iter().chain(parents).copied().collect();
+        if let Some(i) = (0..all.len()).find(|&i| all[i] < -1 || all[i] >= i as i32) {
+            return Err(ModelError::BadTree {
+                message: format!(
+                    "tree token {i} has parent {}; a parent is −1 or an earlier token",
+                    all[i]
+                ),
+            });
+        }
+        let logits = self.forward_tensor(tokens, tokens.len(), base, &all)?;
         logits
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
@@ -182,18 +225,7 @@ impl Model {
     /// up to `base` and the new tokens `path` (indices into that call's tokens, a root-to-node
     /// path in increasing order), which then sit at `base..base + path.len()`.
     pub fn keep_path(&mut self, base: usize, path: &[usize]) -> Result<(), ModelError> {
-        let appended = self
-            .len
-            .checked_sub(base)
-            .ok_or(ModelError::TruncateBeyondLength {
-                requested: base,
-                len: self.len,
-            })?;
-        if path.windows(2).any(|w| w[0] >= w[1]) || path.last().is_some_and(|&l| l >= appended) {
-            return Err(ModelError::BadTree {
-                message: format!("keep_path {path:?} is not increasing within {appended} tokens"),
-            });
-        }
+        super::error::check_kept_path(self.len, base, path)?;
         if path.iter().enumerate().all(|(i, &s)| i == s) {
             return self.truncate(base + path.len());
         }
@@ -213,11 +245,14 @@ impl Model {
     }
 
     /// The forward of new tokens hanging below each other as `parents` says (−1: below the
-    /// cache; a chain is `[−1, 0, 1, …]`), returning the last `rows` rows' logits.
+    /// cache up to `tree_start`; a chain is `[−1, 0, 1, …]`), returning the last `rows` rows'
+    /// logits. `parents` covers every token since `tree_start`: those already cached (a tree
+    /// extended by [`Model::extend_tree`]), then the new `tokens`.
     fn forward_tensor(
         &mut self,
         tokens: &[u32],
         rows: usize,
+        tree_start: usize,
         parents: &[i32],
     ) -> Result<Tensor, ModelError> {
         if tokens.is_empty() {
@@ -239,17 +274,23 @@ impl Model {
             });
         }
         let t = tokens.len();
-        let start = self.len;
-        let total = start + t;
+        let start = tree_start;
+        // Tree rows before this call's (already in the cache at start + row).
+        let first = self.len - tree_start;
+        debug_assert_eq!(first + t, parents.len());
+        let total = self.len + t;
         let (hd, heads, kv_heads) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
         let group = heads / kv_heads;
 
         let ids = Tensor::from_slice(tokens, t, &w.device).ctx("uploading token ids")?;
         let mut x = w.embedding.embedding(&ids).ctx("looking up embeddings")?;
         let ancestors = Ancestors::new(parents);
-        let positions: Vec<usize> = ancestors.depth.iter().map(|&d| start + d).collect();
+        let positions: Vec<usize> = ancestors.depth[first..]
+            .iter()
+            .map(|&d| start + d)
+            .collect();
         let (cos, sin) = rope_tables(&positions, hd, cfg.rope_theta, &w.device)?;
-        let mask = ancestor_mask(start, &ancestors, group, &w.device)?;
+        let mask = ancestor_mask(start, first, &ancestors, group, &w.device)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let rows_mode = if !w.split_invariant {
             MatmulRows::Batched
@@ -287,6 +328,7 @@ impl Model {
             let attn = if w.split_invariant && t > 1 {
                 let kv = KeysOf {
                     start,
+                    first,
                     ancestors: &ancestors,
                 };
                 attention_per_position(&q, &k, &v, &kv, kv_heads, group, scale)
@@ -383,6 +425,8 @@ impl Ancestors {
 /// The keys new token `i` reads in [`attention_per_position`].
 struct KeysOf<'a> {
     start: usize,
+    /// The tree row of the call's first token.
+    first: usize,
     ancestors: &'a Ancestors,
 }
 
@@ -407,21 +451,22 @@ fn attention_per_position(
     let mut rows = Vec::with_capacity(t);
     for i in 0..t {
         let anc = keys.ancestors;
-        let len = start + anc.depth[i] + 1;
+        let r = keys.first + i;
+        let len = start + anc.depth[r] + 1;
         let qi = q
             .narrow(1, i, 1)?
             .contiguous()?
             .reshape((kv_heads, group, hd))?;
         // A path of consecutive new tokens from the first (every chain) is a prefix view;
         // otherwise the path's keys are gathered, in the same order.
-        let (ki, vi) = if anc.is_prefix(i) {
+        let (ki, vi) = if anc.is_prefix(r) {
             (
                 k.narrow(1, 0, len)?.contiguous()?,
                 v.narrow(1, 0, len)?.contiguous()?,
             )
         } else {
             let idx: Vec<u32> = (0..start as u32)
-                .chain(anc.path(i).iter().map(|&a| (start + a) as u32))
+                .chain(anc.path(r).iter().map(|&a| (start + a) as u32))
                 .collect();
             let idx = Tensor::from_vec(idx, len, k.device())?;
             (k.index_select(&idx, 1)?, v.index_select(&idx, 1)?)
@@ -589,21 +634,23 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> Result<Tens
 /// keys and its ancestors' (itself included); for a chain that is keys `0..=start + i`.
 fn ancestor_mask(
     start: usize,
+    first: usize,
     ancestors: &Ancestors,
     group: usize,
     device: &candle_core::Device,
 ) -> Result<Tensor, ModelError> {
-    let t = ancestors.len();
-    let total = start + t;
+    let t = ancestors.len() - first;
+    let total = start + ancestors.len();
     let mut m = vec![0f32; group * t * total];
     for g in 0..group {
         for i in 0..t {
+            let r = first + i;
             let row = &mut m[(g * t + i) * total..(g * t + i + 1) * total];
-            if ancestors.is_prefix(i) {
-                row[start + i + 1..].fill(f32::NEG_INFINITY);
+            if ancestors.is_prefix(r) {
+                row[start + r + 1..].fill(f32::NEG_INFINITY);
             } else {
                 row[start..].fill(f32::NEG_INFINITY);
-                for a in ancestors.path(i) {
+                for a in ancestors.path(r) {
                     row[start + a] = 0.0;
                 }
             }

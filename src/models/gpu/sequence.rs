@@ -435,19 +435,7 @@ impl GpuSequence {
         base: usize,
         path: &[usize],
     ) -> Result<(), GpuModelError> {
-        let appended = self
-            .len
-            .checked_sub(base)
-            .ok_or(ModelError::TruncateBeyondLength {
-                requested: base,
-                len: self.len,
-            })?;
-        if path.windows(2).any(|w| w[0] >= w[1]) || path.last().is_some_and(|&l| l >= appended) {
-            return Err(ModelError::BadTree {
-                message: format!("keep_path {path:?} is not increasing within {appended} tokens"),
-            }
-            .into());
-        }
+        crate::models::error::check_kept_path(self.len, base, path)?;
         if path.iter().enumerate().any(|(d, &s)| d != s) {
             let device = self.model.device.clone();
             crate::gpu::scoped(&device, || self.record_keep(encoder, base, path))?;
