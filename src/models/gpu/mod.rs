@@ -8,12 +8,14 @@
 //! - [`GpuSequence`]: one sequence's KV cache and activations. [`GpuSequence::record`] appends
 //!   tokens in the caller's command encoder and leaves the logits of every appended position in
 //!   a GPU buffer ([`GpuLogits`], readable by the verifier as [`crate::GpuRows`]);
-//!   [`GpuSequence::truncate`] rolls back after a rejection.
+//!   [`GpuSequence::truncate`] rolls back after a rejection. [`GpuSequence::record_tree`]
+//!   scores a tree of tokens (tree attention) and [`GpuSequence::keep_path`] keeps one path.
 //!
 //! Kernels (`shaders/model_<kernel>.wgsl`, labels `specdec.model_<kernel>`): embed, rmsnorm,
 //! matmul_q8 (8-bit weights × 8-bit activations, weight-stationary for up to [`MAX_ROWS`] rows,
 //! optional fused bias or residual add; q/k/v as one), rope (which also writes keys and values
-//! into the cache), attention, swiglu; rmsnorm, attention and swiglu write their output as the
+//! into the cache), attention, swiglu, kv_keep (moves a kept tree path's cache entries); rope
+//! and attention also run over a tree; rmsnorm, attention and swiglu write their output as the
 //! 8-bit blocks the matmul reads. Every reduction has an order fixed by the model's shapes and
 //! the position alone, so a position's logits are the same bits whether it is scored alone or
 //! with up to 15 others, and speculative greedy decoding equals plain greedy decoding bit for
