@@ -261,6 +261,25 @@ struct Run {
     steps: u64,
     accepted: u64,
     step_time: Duration,
+    /// Steps recorded ahead on a guess (`GpuDecoder::guessed_steps`).
+    guessed: u64,
+    /// Per step: the host's drafting and recording (`propose_time`), and the rest until the
+    /// emitted tokens are read (`score_time`).
+    record: Duration,
+    wait: Duration,
+}
+
+impl Run {
+    /// Steps, guessed steps and the per-step split, for the progress lines.
+    fn detail(&self) -> String {
+        format!(
+            "{} steps, {} guessed ahead; per step {:.3} ms recording + {:.3} ms waiting",
+            self.steps,
+            self.guessed,
+            self.record.as_secs_f64() * 1e3,
+            self.wait.as_secs_f64() * 1e3
+        )
+    }
 }
 
 fn generate(
@@ -270,10 +289,15 @@ fn generate(
     tokens: usize,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     decoder.reset_metrics();
+    let guessed = decoder.guessed_steps();
     let out = decoder.generate(prompt, params, tokens)?;
     let m = decoder.metrics();
     let decode = m.propose_time + m.score_time;
+    let steps = m.target_calls.max(1) as u32;
     Ok(Run {
+        guessed: decoder.guessed_steps() - guessed,
+        record: m.propose_time / steps,
+        wait: m.score_time / steps,
         tok_s: out.tokens.len() as f64 / decode.as_secs_f64(),
         tokens: out.tokens,
         steps: m.target_calls,
@@ -634,15 +658,16 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .map(|c| generate(c, &prompt, params, a.tokens))
             .transpose()?;
         eprintln!(
-            "round {round}: plain {:.1} tok/s, speculative {:.1} tok/s ({} steps, {} drafts \
-             accepted){}",
+            "round {round}: plain {:.1} tok/s, speculative {:.1} tok/s ({} drafts accepted; \
+             {}){}",
             p.tok_s,
             s.tok_s,
-            s.steps,
             s.accepted,
+            s.detail(),
             c.as_ref().map_or(String::new(), |c| format!(
-                ", chain {:.1} tok/s ({} steps)",
-                c.tok_s, c.steps
+                "; chain {:.1} tok/s ({})",
+                c.tok_s,
+                c.detail()
             ))
         );
         if params.temperature == 0.0 {
