@@ -397,6 +397,22 @@ fn speculative_greedy_with_layer_skip_draft_equals_plain_greedy() {
     assert!(target.models[0].len() < prompt.len() + new_tokens);
 }
 
+/// A prompt and a two-branch tree below its last token, as (prompt, tree tokens, parents):
+///
+/// ```text
+/// root (the last prompt token) ─┬─ a0 ─ a1 ─ a2      a = " let x = 1;"
+///                               └─ b0 ─ b1           b = " println!"
+/// ```
+fn small_tree(w: &Weights) -> (Vec<u32>, [u32; 6], [i32; 6]) {
+    let tok = w.tokenizer();
+    let prompt = tok.encode("fn main() {");
+    let a = tok.encode(" let x = 1;");
+    let b = tok.encode(" println!");
+    let root = *prompt.last().unwrap();
+    let tokens = [root, a[0], b[0], a[1], b[1], a[2]];
+    (prompt, tokens, [-1, 0, 0, 1, 2, 3])
+}
+
 /// A tree forward scores each node as a chain forward of its path would (bit for bit: every
 /// position runs with a one-token step's shapes), and `keep_path` leaves the cache a chain
 /// forward of the accepted path would leave.
@@ -404,14 +420,10 @@ fn speculative_greedy_with_layer_skip_draft_equals_plain_greedy() {
 fn tree_forward_rows_equal_their_paths_chain_rows() {
     let w = weights();
     let tok = w.tokenizer();
-    let prompt = tok.encode("fn main() {");
+    let (prompt, tokens, parents) = small_tree(&w);
     let a = tok.encode(" let x = 1;");
     let b = tok.encode(" println!");
-    // Root (the last prompt token) ─┬─ a0 ─ a1 ─ a2
-    //                               └─ b0 ─ b1
-    let root = *prompt.last().unwrap();
-    let tokens = [root, a[0], b[0], a[1], b[1], a[2]];
-    let parents = [-1, 0, 0, 1, 2, 3];
+    let root = tokens[0];
     let mut m = Model::new(w.clone());
     m.forward(&prompt[..prompt.len() - 1]).unwrap();
     let base = m.len();
@@ -571,13 +583,7 @@ fn greedy_draft_model_trees_equal_plain_decoding() {
 #[test]
 fn extending_a_tree_level_by_level_equals_forwarding_it_whole() {
     let w = weights();
-    let tok = w.tokenizer();
-    let prompt = tok.encode("fn main() {");
-    let a = tok.encode(" let x = 1;");
-    let b = tok.encode(" println!");
-    let root = *prompt.last().unwrap();
-    let tokens = [root, a[0], b[0], a[1], b[1], a[2]];
-    let parents = [-1, 0, 0, 1, 2, 3];
+    let (prompt, tokens, parents) = small_tree(&w);
     let mut whole = Model::new(w.clone());
     whole.forward(&prompt[..prompt.len() - 1]).unwrap();
     let base = whole.len();
