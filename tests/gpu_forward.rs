@@ -773,7 +773,10 @@ fn tree_rows_equal_the_chain_rows_of_their_paths() {
     assert_eq!(path, [0, 4, 5, 12, 13, 14, 15, 16, 20]);
     let next = 77u32;
     let mut encoder = device.create_command_encoder(&Default::default());
-    seq.keep_path(&mut encoder, prefix.len(), &path).unwrap();
+    assert!(
+        seq.keep_path(&mut encoder, prefix.len(), &path).unwrap(),
+        "entries move"
+    );
     assert_eq!(seq.len(), prefix.len() + path.len());
     seq.record(&mut encoder, &[next], 1).unwrap();
     queue.submit([encoder.finish()]);

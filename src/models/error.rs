@@ -100,6 +100,25 @@ pub enum ModelError {
     },
 }
 
+/// Checks the parents of a tree of `tokens` new tokens (CPU and GPU models alike): one per
+/// token, each −1 (below the cache) or an earlier token's index.
+pub(crate) fn check_tree_parents(tokens: usize, parents: &[i32]) -> Result<(), ModelError> {
+    if parents.len() != tokens {
+        return Err(ModelError::BadTree {
+            message: format!("{} parents for {tokens} tokens", parents.len()),
+        });
+    }
+    if let Some(i) = (0..parents.len()).find(|&i| parents[i] < -1 || parents[i] >= i as i32) {
+        return Err(ModelError::BadTree {
+            message: format!(
+                "token {i} has parent {}; a parent is −1 or an earlier token",
+                parents[i]
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks a `keep_path(base, path)` of a sequence of length `len` (CPU and GPU models alike):
 /// `base ≤ len`, and `path` increasing within the `len − base` tokens appended since `base`.
 pub(crate) fn check_kept_path(len: usize, base: usize, path: &[usize]) -> Result<(), ModelError> {

@@ -155,27 +155,8 @@ impl Model {
         tokens: &[u32],
         parents: &[i32],
     ) -> Result<Vec<f32>, ModelError> {
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        if parents.len() != tokens.len() {
-            return Err(ModelError::BadTree {
-                message: format!("{} parents for {} tokens", parents.len(), tokens.len()),
-            });
-        }
-        if let Some(i) = (0..parents.len()).find(|&i| parents[i] < -1 || parents[i] >= i as i32) {
-            return Err(ModelError::BadTree {
-                message: format!(
-                    "token {i} has parent {}; a parent is −1 or an earlier token",
-                    parents[i]
-                ),
-            });
-        }
-        let logits = self.forward_tensor(tokens, tokens.len(), self.len, parents)?;
-        logits
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<f32>())
-            .ctx("reading the logits back")
+        let len = self.len;
+        self.extend_tree(len, &[], tokens, parents)
     }
 
     /// Extends the tree appended since `base` (by [`Model::forward_tree`] and earlier calls of
@@ -193,27 +174,18 @@ impl Model {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        if base + prior.len() != self.len || parents.len() != tokens.len() {
+        if base + prior.len() != self.len {
             return Err(ModelError::BadTree {
                 message: format!(
-                    "extend_tree: {} cached tree tokens after base {base} (length {}), {} \
-                     parents for {} tokens",
+                    "extend_tree: {} cached tree tokens after base {base}, but the length is {}",
                     prior.len(),
-                    self.len,
-                    parents.len(),
-                    tokens.len()
+                    self.len
                 ),
             });
         }
+        // Parents index every tree token, the cached ones first.
         let all: Vec<i32> = prior.iter().chain(parents).copied().collect();
-        if let Some(i) = (0..all.len()).find(|&i| all[i] < -1 || all[i] >= i as i32) {
-            return Err(ModelError::BadTree {
-                message: format!(
-                    "tree token {i} has parent {}; a parent is −1 or an earlier token",
-                    all[i]
-                ),
-            });
-        }
+        super::error::check_tree_parents(prior.len() + tokens.len(), &all)?;
         let logits = self.forward_tensor(tokens, tokens.len(), base, &all)?;
         logits
             .flatten_all()

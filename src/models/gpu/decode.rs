@@ -455,8 +455,7 @@ impl<'v> GpuDecoder<'v> {
             .chain(verdict.accepted_nodes.iter().map(|&v| v as usize + 1))
             .collect();
         let mut enc = self.encoder("specdec.decode keep path");
-        self.target.keep_path(&mut enc, base, &path)?;
-        if path.iter().enumerate().any(|(d, &s)| d != s) {
+        if self.target.keep_path(&mut enc, base, &path)? {
             self.queue().submit([enc.finish()]);
         }
         self.metrics.propose_time += t1 - t0;

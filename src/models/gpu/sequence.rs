@@ -25,25 +25,13 @@ pub const MAX_TREE_DEPTH: usize = 64;
 /// parent's index (`u32::MAX` below the cache), checked as [`crate::models::Model`]'s
 /// `forward_tree` checks its parents, and the depth bounded by [`MAX_TREE_DEPTH`].
 fn tree_table(tokens: usize, parents: &[i32]) -> Result<Vec<u32>, GpuModelError> {
-    if parents.len() != tokens {
-        return Err(ModelError::BadTree {
-            message: format!("{} parents for {tokens} tokens", parents.len()),
-        }
-        .into());
-    }
-    let mut table = Vec::with_capacity(2 * tokens);
+    crate::models::error::check_tree_parents(tokens, parents)?;
+    let mut table: Vec<u32> = Vec::with_capacity(2 * tokens);
     for (i, &parent) in parents.iter().enumerate() {
-        let depth = match parent {
-            -1 => 0,
-            p if p >= 0 && (p as usize) < i => table[2 * p as usize] + 1,
-            p => {
-                return Err(ModelError::BadTree {
-                    message: format!(
-                        "token {i} has parent {p}; a parent is −1 or an earlier token"
-                    ),
-                }
-                .into())
-            }
+        let depth = if parent < 0 {
+            0
+        } else {
+            table[2 * parent as usize] + 1
         };
         if depth as usize > MAX_TREE_DEPTH {
             return Err(ModelError::BadTree {
@@ -427,21 +415,53 @@ impl GpuSequence {
     /// After [`GpuSequence::record_tree`] appended `len() − base` tokens at `base..`, records
     /// into `encoder` the moves that keep the cache up to `base` and the new tokens `path`
     /// (indices into that call's tokens, a root-to-node path in increasing order), which then
-    /// sit at `base..base + path.len()`; `len()` becomes `base + path.len()` at once. A path that
-    /// is already in place (`path[d] == d`) records nothing.
+    /// sit at `base..base + path.len()`; `len()` becomes `base + path.len()` at once. Returns
+    /// whether anything was recorded: a path already in place (`path[d] == d`) records nothing,
+    /// and its encoder need not be submitted.
     pub fn keep_path(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         base: usize,
         path: &[usize],
-    ) -> Result<(), GpuModelError> {
+    ) -> Result<bool, GpuModelError> {
         crate::models::error::check_kept_path(self.len, base, path)?;
-        if path.iter().enumerate().any(|(d, &s)| d != s) {
+        let moves = path.iter().enumerate().any(|(d, &s)| d != s);
+        if moves {
             let device = self.model.device.clone();
             crate::gpu::scoped(&device, || self.record_keep(encoder, base, path))?;
         }
         self.len = base + path.len();
-        Ok(())
+        Ok(moves)
+    }
+
+    /// Copies, in `encoder`'s order, the parameter blocks `params` into slots `0..` of the params
+    /// buffer and the concatenated `words` into the token buffer from word 0. The upload is a
+    /// buffer of this call: several recordings may share one submission without one's
+    /// parameters overwriting another's (`queue.write_buffer` would land before all of them).
+    fn stage(&self, encoder: &mut wgpu::CommandEncoder, params: &[ModelParams], words: &[&[u32]]) {
+        let mut bytes = vec![0u8; params.len() * self.slot_bytes as usize];
+        for (i, p) in params.iter().enumerate() {
+            let at = i * self.slot_bytes as usize;
+            bytes[at..at + std::mem::size_of::<ModelParams>()]
+                .copy_from_slice(bytemuck::bytes_of(p));
+        }
+        let params_len = bytes.len() as u64;
+        for w in words {
+            bytes.extend_from_slice(bytemuck::cast_slice(w));
+        }
+        let staging = self
+            .model
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("specdec.model params upload"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::COPY_SRC,
+            });
+        encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, params_len);
+        let upload = bytes.len() as u64 - params_len;
+        if upload > 0 {
+            encoder.copy_buffer_to_buffer(&staging, params_len, &self.tokens, 0, upload);
+        }
     }
 
     /// The kv_keep dispatches of [`GpuSequence::keep_path`], one per layer.
@@ -457,21 +477,8 @@ impl GpuSequence {
         if self.ensure_uploads(1, path.len()) || self.groups.is_empty() {
             self.groups = self.build_groups();
         }
-        let mut bytes = vec![0u8; self.slot_bytes as usize];
-        bytes[..std::mem::size_of::<ModelParams>()].copy_from_slice(bytemuck::bytes_of(&p));
         let words: Vec<u32> = path.iter().map(|&s| s as u32).collect();
-        bytes.extend_from_slice(bytemuck::cast_slice(&words));
-        let staging = self
-            .model
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("specdec.model keep_path upload"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::COPY_SRC,
-            });
-        let slot = self.slot_bytes;
-        encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, slot);
-        encoder.copy_buffer_to_buffer(&staging, slot, &self.tokens, 0, (words.len() * 4) as u64);
+        self.stage(encoder, &[p], &[&words]);
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("specdec.model keep_path"),
             timestamp_writes: None,
@@ -546,31 +553,9 @@ impl GpuSequence {
         if dirty || self.groups.is_empty() {
             self.groups = self.build_groups();
         }
-        let mut bytes = vec![0u8; params.len() * self.slot_bytes as usize];
-        for (i, p) in params.iter().enumerate() {
-            let at = i * self.slot_bytes as usize;
-            bytes[at..at + std::mem::size_of::<ModelParams>()]
-                .copy_from_slice(bytemuck::bytes_of(p));
-        }
-        let params_len = bytes.len() as u64;
-        bytes.extend_from_slice(bytemuck::cast_slice(tokens.host));
-        bytes.extend_from_slice(bytemuck::cast_slice(tree));
-        let device = &self.model.device;
-        // A buffer of this call, copied in encoder order: several recordings may share one
-        // submission without one's parameters overwriting another's (queue.write_buffer would
-        // land before all of them).
-        let staging = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("specdec.model params upload"),
-            contents: &bytes,
-            usage: wgpu::BufferUsages::COPY_SRC,
-        });
-        encoder.copy_buffer_to_buffer(&staging, 0, &self.params, 0, params_len);
-        let host_bytes = (tokens.host.len() * 4) as u64;
         // A tree call's tokens are all from the host; its table follows them.
-        let upload = host_bytes + (tree.len() * 4) as u64;
-        if upload > 0 {
-            encoder.copy_buffer_to_buffer(&staging, params_len, &self.tokens, 0, upload);
-        }
+        self.stage(encoder, &params, &[tokens.host, tree]);
+        let host_bytes = (tokens.host.len() * 4) as u64;
         if let Some((ids, count)) = tokens.device {
             let bytes = count as u64 * 4;
             encoder.copy_buffer_to_buffer(ids.buffer, ids.offset, &self.tokens, host_bytes, bytes);
