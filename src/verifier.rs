@@ -35,6 +35,15 @@ pub struct VerifierOptions {
     /// `SHADER_INT64` (default true; `Verifier::new` asks for the feature when the adapter has
     /// it). Same results either way; false forces the portable path.
     pub shader_int64: bool,
+    /// The runtime checks naga compiles into every kernel, or `None` (the default) for the
+    /// measured choice: index clamps everywhere, and wgpu's loop-bounding counter everywhere
+    /// except row_stats and residual_argmax. Their loops run to bounds the host validates
+    /// before each call, and on an H200 the counter cost residual_argmax 10-20 % and row_stats
+    /// 1-3 %, while dropping it made the verify kernel slower (`docs/performance.md`). Results
+    /// never depend on this; `Some(wgpu::ShaderRuntimeChecks::unchecked())` also drops the
+    /// index clamps (wgpu's trust model: an out-of-bounds access would be undefined behaviour
+    /// on the GPU; our kernels index only below sizes the host checks).
+    pub shader_checks: Option<wgpu::ShaderRuntimeChecks>,
     /// Threads of the CPU backend; default: the machine's available parallelism.
     pub cpu_threads: Option<usize>,
     /// Seed of the generator that draws seeds for requests with `seed: None`; default from the
@@ -54,6 +63,7 @@ impl Default for VerifierOptions {
             target_workgroups: 8192,
             workgroup_size: None,
             shader_int64: true,
+            shader_checks: None,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
             cpu_threads: None,

@@ -357,3 +357,37 @@ fn a_padded_target_vocabulary_matches_the_twin() {
         assert_eq!(g.verify_blocking(&b.batch()).unwrap(), a, "kind {kind}");
     }
 }
+
+#[test]
+fn every_shader_check_setting_matches_the_twin() {
+    // `VerifierOptions::shader_checks` changes what naga compiles around each access and loop,
+    // never a result: all checks, none, and the per-kernel default agree with the twin.
+    let Some(g) = gpu() else { return };
+    let mut gen = Gen::new(10);
+    let batches: Vec<Owned> = (0..3u8)
+        .map(|kind| Owned::random(&mut gen, 5000, &[3, 0, 2], &[0.0, 1.0, 0.8], kind, 0.7))
+        .collect();
+    for checks in [
+        wgpu::ShaderRuntimeChecks::checked(),
+        wgpu::ShaderRuntimeChecks::unchecked(),
+    ] {
+        let v = Verifier::new(specdec::VerifierOptions {
+            shader_checks: Some(checks),
+            ..specdec::VerifierOptions::default()
+        })
+        .unwrap();
+        for (kind, b) in batches.iter().enumerate() {
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            assert_eq!(
+                v.verify_blocking(&b.batch()).unwrap(),
+                want,
+                "{checks:?}, kind {kind}"
+            );
+            assert_eq!(
+                g.verify_blocking(&b.batch()).unwrap(),
+                want,
+                "default, kind {kind}"
+            );
+        }
+    }
+}

@@ -176,7 +176,7 @@ impl GpuBackend {
             int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
         };
         let (layouts, pipelines, dummy) = scoped(&device, || {
-            let (layouts, pipelines) = build_pipelines(&device, variant, wg);
+            let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
             let dummy = device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("specdec.dummy"),
                 size: 16,

@@ -77,26 +77,47 @@ impl GpuBackend {
     }
 }
 
+/// The runtime checks of `kernel` when the options name none: naga's index clamps always; wgpu's
+/// loop-bounding counter (a guard against infinite loops, which no kernel here has: every loop
+/// runs to a bound the host validates) dropped where an H200 measured it costing time
+/// (residual_argmax 10-20 %, row_stats 1-3 %) and kept where dropping it made the kernel slower
+/// (verify: +2-6 µs; the driver compiles its merge loop differently). Same-process A/B in
+/// `docs/performance.md`.
+pub(super) fn default_checks(kernel: Kernel) -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: !matches!(kernel, Kernel::RowStats | Kernel::ResidualArgmax),
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
+
 /// The explicit bind group layout of every kernel, by kernel.
 pub(super) type Layouts = HashMap<Kernel, wgpu::BindGroupLayout>;
 /// The compute pipelines of one device, by key.
 pub(super) type Pipelines = HashMap<PipelineKey, wgpu::ComputePipeline>;
 
 /// Builds every kernel's layout and pipelines (every entry point, every specialisation) for
-/// workgroup size `wg`. Call inside an error scope: creation errors are reported there.
+/// workgroup size `wg`, with naga's runtime `checks` (`None`: [`default_checks`]). Call inside an
+/// error scope: creation errors are reported there.
 pub(super) fn build_pipelines(
     device: &wgpu::Device,
     variant: crate::shaders::Variant,
     wg: u32,
+    checks: Option<wgpu::ShaderRuntimeChecks>,
 ) -> (Layouts, Pipelines) {
     let mut layouts = HashMap::new();
     let mut pipelines = HashMap::new();
     for kernel in Kernel::ALL {
         let label = format!("specdec.{}", kernel.name());
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(kernel.source(variant).into()),
-        });
+        };
+        // SAFETY: the checks only guard against out-of-bounds indices and unbounded loops.
+        // Every index of our kernels stays below sizes the host validates before a call
+        // (`checks.rs`, the window plan), and every loop runs to a bound taken from those sizes,
+        // so dropping the checks (`VerifierOptions::shader_checks`) changes no access.
+        let checks = checks.unwrap_or_else(|| default_checks(kernel));
+        let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(&label),
             entries: &kernel_layout_entries(kernel),

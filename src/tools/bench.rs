@@ -87,6 +87,8 @@ pub struct BenchConfig {
     pub target_workgroups: u32,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
+    /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
+    pub shader_checks: Option<wgpu::ShaderRuntimeChecks>,
     /// `top_p` of every non-greedy request (1.0: off); below 1 the cutoff pass runs.
     pub top_p: f32,
     /// Element type of the target logits (values rounded to it first, so the twin sees the same
@@ -100,6 +102,10 @@ pub struct BenchConfig {
     /// within 3 % (a freshly started GPU can read at about half speed for several seconds).
     /// 0: one measurement, no wait.
     pub warm_s: f64,
+    /// Milliseconds of read-kernel work right before each point is timed, after its CPU-twin
+    /// check (0: none). The twin check of a large point keeps the GPU idle for seconds, and a
+    /// GPU that idles lowers its clocks; this brings it back to the state the warm-up left.
+    pub rewarm_ms: u64,
 }
 
 impl BenchConfig {
@@ -117,10 +123,12 @@ impl BenchConfig {
             baseline_vocab: 151_936,
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
+            shader_checks: None,
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
             warm_s: 60.0,
+            rewarm_ms: 300,
         }
     }
     /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
@@ -137,10 +145,12 @@ impl BenchConfig {
             baseline_vocab: 32_000,
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
+            shader_checks: None,
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
             warm_s: 0.0,
+            rewarm_ms: 0,
         }
     }
 }
@@ -414,8 +424,13 @@ impl GpuBench {
         timestamps: bool,
         progress: &mut impl FnMut(&str),
     ) -> Result<GpuBench, Error> {
-        let verifier =
-            Verifier::with_device(device.clone(), queue.clone(), VerifierOptions::default())?;
+        // The options under test; SHADER_INT64 follows the device `bench_device` created.
+        let opts = VerifierOptions {
+            target_workgroups: cfg.target_workgroups,
+            shader_checks: cfg.shader_checks,
+            ..VerifierOptions::default()
+        };
+        let verifier = Verifier::with_device(device.clone(), queue.clone(), opts)?;
         let cpu = Verifier::cpu(VerifierOptions::default());
         let period_ns = f64::from(queue.get_timestamp_period());
 
@@ -541,7 +556,8 @@ impl GpuBench {
         let got = self.one_call(&gpu_batch)?;
         let want = self.cpu.verify_blocking(&host_batch)?;
         let bad = mismatches(&got, &want);
-        // 2. Whole calls.
+        // 2. Whole calls, on a GPU brought back up to speed after the twin's seconds.
+        self.rewarm(cfg.rewarm_ms)?;
         let (mut calls, mut host) = self.whole_calls(cfg, &gpu_batch)?;
         // 3. GPU time from timestamps around the verify pass, then each kernel in a timed pass
         // of its own (where the time goes).
@@ -577,6 +593,38 @@ impl GpuBench {
             kernels_us,
             host_us,
         })
+    }
+
+    /// Keeps the GPU busy with the read kernel over the target buffer for `ms` milliseconds,
+    /// one submission of 64 dispatches at a time.
+    fn rewarm(&self, ms: u64) -> Result<(), Error> {
+        if ms == 0 {
+            return Ok(());
+        }
+        let g = self.verifier.gpu_backend().expect("GPU verifier");
+        let sink = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bench.rewarm_sink"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let start = Instant::now();
+        while start.elapsed().as_millis() < u128::from(ms) {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            for _ in 0..64 {
+                g.record_read_bandwidth(&mut enc, &self.t_buf, &sink, 1056, None);
+            }
+            let idx = self.queue.submit([enc.finish()]);
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(idx),
+                    timeout: Some(std::time::Duration::from_secs(60)),
+                })
+                .map_err(|e| Error::Gpu {
+                    detail: e.to_string(),
+                })?;
+        }
+        Ok(())
     }
 
     /// One whole verify call: record, submit, read back.
@@ -1552,11 +1600,15 @@ Options:
   --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
   --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
+  --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
+                      no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
   --warm-s S          before timing, read for at least 10 s (S if less) and until the read
                       ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
+  --rewarm-ms N       read-kernel work before each point is timed, after its twin check
+                      (default 300; --quick 0): the GPU lowers its clocks while the twin runs
   --out DIR           where the CSV and SVG go (default benches/results)
 ";
 
@@ -1576,6 +1628,28 @@ fn parse_list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, Strin
                 .map_err(|_| format!("{flag}: {x:?} is not a number"))
         })
         .collect()
+}
+
+/// `--shader-checks`' value.
+fn parse_checks(s: &str) -> Result<Option<wgpu::ShaderRuntimeChecks>, String> {
+    let all = wgpu::ShaderRuntimeChecks::checked();
+    Ok(Some(match s {
+        "all" => all,
+        "no-loop-bounds" => wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            ..all
+        },
+        "no-index-checks" => wgpu::ShaderRuntimeChecks {
+            bounds_checks: false,
+            ..all
+        },
+        "none" => wgpu::ShaderRuntimeChecks::unchecked(),
+        other => {
+            return Err(format!(
+                "--shader-checks: {other:?} (all, no-loop-bounds, no-index-checks, none)"
+            ))
+        }
+    }))
 }
 
 /// `flag`'s single number.
@@ -1606,12 +1680,14 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--cpu" => cpu = true,
             "--no-baseline" => cfg.baseline_reps = 0,
             "--portable" => cfg.shader_int64 = false,
+            "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
             "--bf16" => cfg.target_dtype = crate::Dtype::Bf16,
             "--f16" => cfg.target_dtype = crate::Dtype::F16,
             "--block" => cfg.block = true,
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
             "--warm-s" => cfg.warm_s = parse_one("--warm-s", &value()?)?,
+            "--rewarm-ms" => cfg.rewarm_ms = parse_one("--rewarm-ms", &value()?)?,
             "--batch" => cfg.batches = parse_list("--batch", &value()?)?,
             "--k" => cfg.ks = parse_list("--k", &value()?)?,
             "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
