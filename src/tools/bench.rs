@@ -87,6 +87,8 @@ pub struct BenchConfig {
     pub target_workgroups: u32,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
+    /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
+    pub workgroup_size: Option<u32>,
     /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
     pub shader_checks: Option<wgpu::ShaderRuntimeChecks>,
     /// `top_p` of every non-greedy request (1.0: off); below 1 the cutoff pass runs.
@@ -124,6 +126,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
             shader_checks: None,
+            workgroup_size: None,
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
@@ -146,6 +149,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             shader_int64: true,
             shader_checks: None,
+            workgroup_size: None,
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
@@ -428,6 +432,7 @@ impl GpuBench {
         let opts = VerifierOptions {
             target_workgroups: cfg.target_workgroups,
             shader_checks: cfg.shader_checks,
+            workgroup_size: cfg.workgroup_size,
             ..VerifierOptions::default()
         };
         let verifier = Verifier::with_device(device.clone(), queue.clone(), opts)?;
@@ -1600,6 +1605,7 @@ Options:
   --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
   --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
+  --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
@@ -1681,6 +1687,9 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--no-baseline" => cfg.baseline_reps = 0,
             "--portable" => cfg.shader_int64 = false,
             "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
+            "--workgroup-size" => {
+                cfg.workgroup_size = Some(parse_one("--workgroup-size", &value()?)?)
+            }
             "--bf16" => cfg.target_dtype = crate::Dtype::Bf16,
             "--f16" => cfg.target_dtype = crate::Dtype::F16,
             "--block" => cfg.block = true,
@@ -1737,6 +1746,11 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
     }
     if cfg.reps == 0 {
         return Err("--reps 0: at least 1 timed call per point".into());
+    }
+    if let Some(w) = cfg.workgroup_size.filter(|w| !(1..=256).contains(w)) {
+        return Err(format!(
+            "--workgroup-size {w}: 1..=256 (rounded to a power of two)"
+        ));
     }
     if !(cfg.warm_s >= 0.0 && cfg.warm_s.is_finite()) {
         return Err(format!("--warm-s {}: seconds, 0 or more", cfg.warm_s));
