@@ -391,3 +391,42 @@ fn every_shader_check_setting_matches_the_twin() {
         }
     }
 }
+
+#[test]
+fn requests_with_more_rows_than_lanes_match_the_twin() {
+    // verify's lanes take a request's rows 64 at a time, each folding its row's chunk partials
+    // in order. At V = 70,000 (18 chunks) a request with 70 drafts has 71 rows, so lane 6 takes
+    // two. Every row's maximum is planted in a chunk that moves from row to row, and every draft
+    // is the row's argmax: a partial skipped changes a greedy token, and a partial folded twice
+    // changes the logprobs (which carry each row's softmax sum).
+    let Some(g) = gpu() else { return };
+    let mut gen = Gen::new(11);
+    const V: usize = 70_000;
+    const CHUNKS: usize = V.div_ceil(4096);
+    for kind in 0..3u8 {
+        let mut b = Owned::random(
+            &mut gen,
+            V as u32,
+            &[70, 3, 0, 9],
+            &[0.0, 0.9, 1.0],
+            kind,
+            1.0,
+        );
+        for i in 0..=70usize {
+            // Chunk i mod 18; the last chunk holds 372 entries.
+            let y = (i % CHUNKS) * 4096 + 7;
+            b.target[i * V + y] = 40.0;
+            if i < 70 {
+                b.drafts[i] = y as i32;
+            }
+        }
+        for r in &mut b.requests {
+            r.params.logprobs = true;
+        }
+        let want = cpu().verify_blocking(&b.batch()).unwrap();
+        assert_eq!(want.num_emitted[0], 71, "every greedy draft is the argmax");
+        let got = g.verify_blocking(&b.batch()).unwrap();
+        let diff = twin_differences(&got, &want);
+        assert!(diff.is_empty(), "kind {kind}: {diff:?}");
+    }
+}
