@@ -369,25 +369,25 @@ fn word_chunks(job_in: RowJob, lane: u32) {
             let a1 = load_target(t_base, y0 + 256u, vec4_path);
             let a2 = load_target(t_base, y0 + 512u, vec4_path);
             let a3 = load_target(t_base, y0 + 768u, vec4_path);
-            t = push4(t, mask4(a0, cut), y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push4(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push4(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            t = push4(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4_any(t, mask4(a0, cut), y0, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4_any(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4_any(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
+            t = push4_any(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             if (job.raw) {
-                w = push4(w, a0, y0, 1.0, true, 0u, 0u, false);
-                w = push4(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
-                w = push4(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
-                w = push4(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
+                w = push4_any(w, a0, y0, 1.0, true, 0u, 0u, false);
+                w = push4_any(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
+                w = push4_any(w, a2, y0 + 512u, 1.0, true, 0u, 0u, false);
+                w = push4_any(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
             }
             if (job.has_q_row) {
                 let b0 = load_draft(d_base, y0, vec4_path);
                 let b1 = load_draft(d_base, y0 + 256u, vec4_path);
                 let b2 = load_draft(d_base, y0 + 512u, vec4_path);
                 let b3 = load_draft(d_base, y0 + 768u, vec4_path);
-                q = push4(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
-                q = push4(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
-                q = push4(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
-                q = push4(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4_any(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4_any(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4_any(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
+                q = push4_any(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
             }
         }
         store_lane(lane, t, q, w);
@@ -508,6 +508,18 @@ fn push4_finite(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, with
         r.e = r.e + ((exp(z.x) * z.x + exp(z.y) * z.y) + (exp(z.z) * z.z + exp(z.w) * z.w));
     }
     return r;
+}
+
+// push4 for f32 entries of any value: a group with no NaN and no ±inf (nearly all) takes
+// push4_finite, whose operations are push4's minus the tests that cannot fire, so the bits are
+// the same either way; one vector test per group replaces four NaN tests, four +inf tests and
+// the -inf test of every term.
+fn push4_any(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc {
+    let e = bitcast<vec4<u32>>(v) & vec4<u32>(0x7f800000u);
+    if (all(e != vec4<u32>(0x7f800000u))) {
+        return push4_finite(acc, v, y, inv_t, with_sum, with_ent);
+    }
+    return push4(acc, v, y, inv_t, with_sum, nan_flag, inf_flag, with_ent);
 }
 
 // Entries y .. y+7 (raw halves `w`) pushed to the two lanes' states: ordinary groups (nearly all)
