@@ -10,10 +10,11 @@
 @group(0) @binding(1) var<storage, read> target_logits: array<u32>;
 @group(0) @binding(2) var<storage, read> draft_values: array<u32>;
 
-// PLAIN_F32 (set only in row_stats pipelines): every row is f32 and no request filters, so loads
-// are plain f32 (and row_stats skips the cut-off mask). The dtype-dispatching loads cost row_stats
-// 12-45 % on an H200 even when unused (measured with `bench`), hence a specialisation. In the
-// other kernels it stays false and the branch compiles away.
+// PLAIN_F32 (set in row_stats and residual_argmax pipelines): every row is f32 and no request
+// filters, so loads are plain f32 (and row_stats skips the cut-off mask). The dtype-dispatching
+// loads cost row_stats 12-45 % and residual_argmax 4 % on an H200 even when unused (measured with
+// `bench`), hence a specialisation. In the other kernels it stays false and the branch compiles
+// away.
 override PLAIN_F32: bool = false;
 // PLAIN_F16 / PLAIN_BF16 (row_stats only, at most one set): the target rows are f16 / bf16 and no
 // request filters; the draft rows may be of any type (they keep the dtype-dispatching loads).

@@ -75,7 +75,8 @@ impl GpuBackend {
         if !shape.needs_residual {
             return;
         }
-        pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "block"));
+        let plain = shape.special & super::pipelines::SPECIAL_PLAIN_F32;
+        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", plain));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
             pass.dispatch_workgroups(shape.num_blocks, (w.req_end - w.req_begin) as u32, 1);
