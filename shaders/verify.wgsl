@@ -280,6 +280,86 @@ fn block_stop(info: ReqInfo) -> u32 {
 var<workgroup> first_stop: atomic<u32>;
 var<workgroup> any_nonfinite: atomic<u32>;
 
+// Greedy requests (without raw logprobs) need of each row only its maximum, the lowest index
+// holding it and the flags, none of which depends on the order of the merge. So their rows
+// merge in parallel: every lane takes some of the request's chunk partials, the row's maximum
+// is an atomic max over order-preserving keys, its index an atomic min over the partials that
+// hold it. Two rounds of loads and three barriers, where the fold in chunk order waits out a
+// memory latency per four chunks for each row.
+var<workgroup> g_key: array<atomic<u32>, 64>;
+var<workgroup> g_arg: array<atomic<u32>, 64>;
+var<workgroup> g_flags: array<atomic<u32>, 64>;
+// The request's row count and whether it is greedy, as workgroup-uniform values.
+var<workgroup> wg_req: vec2<u32>;
+
+// An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back.
+fn order_key(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+fn from_order_key(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+// Greedy request `info`'s rows merged in parallel (see g_key), written to row_stats, and
+// decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform.
+fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
+    let n = params.num_chunks;
+    let k = info.num_drafts;
+    for (var g = 0u; g < rows; g += 64u) {
+        let count = min(64u, rows - g);
+        let first = (info.row_offset + g) * n;
+        if (lane < count) {
+            atomicStore(&g_key[lane], 0u);
+            atomicStore(&g_arg[lane], NO_INDEX);
+            atomicStore(&g_flags[lane], 0u);
+        }
+        workgroupBarrier();
+        for (var p = lane; p < count * n; p += 64u) {
+            let o = chunk_stats[first + p];
+            atomicMax(&g_key[p / n], order_key(o.t_max));
+            atomicOr(&g_flags[p / n], o.flags);
+        }
+        workgroupBarrier();
+        for (var p = lane; p < count * n; p += 64u) {
+            let o = chunk_stats[first + p];
+            if (order_key(o.t_max) == atomicLoad(&g_key[p / n])) {
+                atomicMin(&g_arg[p / n], o.t_arg);
+            }
+        }
+        workgroupBarrier();
+        let i = g + lane;
+        if (lane < count) {
+            var st: RowStats;
+            st.t_max = from_order_key(atomicLoad(&g_key[lane]));
+            st.t_arg = atomicLoad(&g_arg[lane]);
+            if (st.t_arg == NO_INDEX) {
+                st.t_arg = 0u;
+            }
+            st.flags = atomicLoad(&g_flags[lane]);
+            st.q_max = bitcast<f32>(NEG_INF_BITS);
+            var drafted = -1;
+            if (i < k) {
+                drafted = draft_ids[info.draft_offset + i];
+            }
+            if (drafted >= 0) {
+                let holder = chunk_stats[(info.row_offset + i) * n + u32(drafted) / CHUNK];
+                st.t_at_d = holder.t_at_d;
+                st.q_at_d = holder.q_at_d;
+            }
+            row_stats[info.row_offset + i] = st;
+            if (row_nonfinite(st)) {
+                atomicOr(&any_nonfinite, 1u);
+            }
+            if (i < k && !row_outcome(info, i, st, drafted).accept) {
+                atomicMin(&first_stop, i);
+            }
+        }
+        // The next group reuses the arrays.
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
@@ -292,10 +372,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u) {
         atomicStore(&first_stop, k);
         atomicStore(&any_nonfinite, 0u);
+        wg_req = vec2<u32>(k + 1u, select(0u, 1u, greedy && !RAW_SUMS));
     }
-    workgroupBarrier();
-    // Every row in parallel: merge its chunks, decide its draft.
-    for (var i = lane; i <= k; i += 64u) {
+    let req = workgroupUniformLoad(&wg_req);
+    if (req.y != 0u) {
+        merge_greedy_rows(info, lane, req.x);
+    }
+    // Otherwise every row in parallel: merge its chunks in chunk order, decide its draft.
+    for (var i = lane; i <= k && req.y == 0u; i += 64u) {
         var drafted = -1;
         if (i < k) {
             drafted = draft_ids[info.draft_offset + i];
