@@ -619,15 +619,7 @@ impl GpuBench {
             for _ in 0..64 {
                 g.record_read_bandwidth(&mut enc, &self.t_buf, &sink, 1056, None);
             }
-            let idx = self.queue.submit([enc.finish()]);
-            self.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: Some(idx),
-                    timeout: Some(std::time::Duration::from_secs(60)),
-                })
-                .map_err(|e| Error::Gpu {
-                    detail: e.to_string(),
-                })?;
+            wait_for(&self.device, self.queue.submit([enc.finish()]), 60)?;
         }
         Ok(())
     }
@@ -901,6 +893,19 @@ fn resolve_ticks(
     Ok(t)
 }
 
+/// Waits up to `secs` seconds for submission `idx` to finish on `device`.
+fn wait_for(device: &wgpu::Device, idx: wgpu::SubmissionIndex, secs: u64) -> Result<(), Error> {
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(idx),
+            timeout: Some(std::time::Duration::from_secs(secs)),
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Gpu {
+            detail: e.to_string(),
+        })
+}
+
 fn map_u64(
     device: &wgpu::Device,
     buf: &wgpu::Buffer,
@@ -908,14 +913,7 @@ fn map_u64(
 ) -> Result<Vec<u64>, Error> {
     let slice = buf.slice(..);
     slice.map_async(wgpu::MapMode::Read, |_| {});
-    device
-        .poll(wgpu::PollType::Wait {
-            submission_index: Some(idx),
-            timeout: Some(std::time::Duration::from_secs(60)),
-        })
-        .map_err(|e| Error::Gpu {
-            detail: e.to_string(),
-        })?;
+    wait_for(device, idx, 60)?;
     let out = {
         let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
             detail: e.to_string(),
@@ -1002,16 +1000,7 @@ fn ceilings(
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     });
-    let wait = |idx| {
-        device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(idx),
-                timeout: Some(std::time::Duration::from_secs(120)),
-            })
-            .map_err(|e| Error::Gpu {
-                detail: e.to_string(),
-            })
-    };
+    let wait = |idx| wait_for(device, idx, 120);
     let mut copy = Vec::new();
     for _ in 0..4 {
         let mut enc = device.create_command_encoder(&Default::default());
@@ -1102,14 +1091,7 @@ fn baseline(
         let idx = queue.submit([enc.finish()]);
         let slice = staging.slice(..total as u64);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(idx),
-                timeout: Some(std::time::Duration::from_secs(120)),
-            })
-            .map_err(|e| Error::Gpu {
-                detail: e.to_string(),
-            })?;
+        wait_for(device, idx, 120)?;
         {
             let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
                 detail: e.to_string(),
