@@ -214,6 +214,10 @@ pub struct BenchReport {
     pub timestamps: bool,
     /// Whether the kernels used 64-bit multiplies (SHADER_INT64) or the portable path.
     pub int64: bool,
+    /// The smallest whole round trip through wgpu on this device, median µs: write 64 bytes,
+    /// one dispatch of one workgroup, copy 256 bytes to a mappable buffer, map and read them.
+    /// What a whole call cannot go below; `None` on the CPU backend.
+    pub floor_us: Option<f64>,
     /// The points.
     pub rows: Vec<BenchRow>,
 }
@@ -624,6 +628,52 @@ impl GpuBench {
         Ok(())
     }
 
+    /// [`BenchReport::floor_us`]: the median of `reps` smallest round trips, after 20 untimed.
+    fn round_trip_floor(&self, reps: usize) -> Result<f64, Error> {
+        let g = self.verifier.gpu_backend().expect("GPU verifier");
+        let buffer = |label, size, usage| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let data = buffer(
+            "bench.floor_data",
+            256,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        );
+        let sink = buffer("bench.floor_sink", 16, wgpu::BufferUsages::STORAGE);
+        let read = buffer(
+            "bench.floor_read",
+            256,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let mut times = Vec::with_capacity(reps);
+        for i in 0..reps + 20 {
+            let t0 = Instant::now();
+            self.queue.write_buffer(&data, 0, &[i as u8; 64]);
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            g.record_read_bandwidth(&mut enc, &data, &sink, 1, None);
+            enc.copy_buffer_to_buffer(&data, 0, &read, 0, 256);
+            let idx = self.queue.submit([enc.finish()]);
+            let slice = read.slice(..);
+            slice.map_async(wgpu::MapMode::Read, |_| {});
+            wait_for(&self.device, idx, 60)?;
+            drop(slice.get_mapped_range().map_err(|e| Error::Gpu {
+                detail: e.to_string(),
+            })?);
+            read.unmap();
+            if i >= 20 {
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(median(&mut times))
+    }
+
     /// One whole verify call: record, submit, read back.
     fn one_call(&self, batch: &GpuVerifyBatch<'_>) -> Result<VerifyOutput, Error> {
         let mut enc = self.device.create_command_encoder(&Default::default());
@@ -803,6 +853,8 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         "{}: copy {copy_gbps:.0} GB/s (read+write), read kernel {read_gbps:.0} GB/s",
         info.name
     ));
+    let floor_us = b.round_trip_floor(200)?;
+    progress(&format!("round-trip floor {floor_us:.1} µs"));
     let mut rows = Vec::new();
     let mut probs = Vec::new();
     for &v in &cfg.vocabs {
@@ -838,6 +890,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         read_gbps_end,
         warm_reads,
         timestamps,
+        floor_us: Some(floor_us),
         rows,
     })
 }
@@ -1206,6 +1259,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         warm_reads: vec![read_gbps],
         timestamps: false,
         int64: false,
+        floor_us: None,
         rows,
     })
 }
@@ -1290,7 +1344,7 @@ impl BenchReport {
             writeln!(
             s,
             "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
-             ({:.0} after the last point; warm-up: {}); GPU time from {}",
+             ({:.0} after the last point; warm-up: {}); round-trip floor {}; GPU time from {}",
             self.adapter,
             self.backend,
             if self.int64 { ", int64 Philox" } else { "" },
@@ -1299,6 +1353,8 @@ impl BenchReport {
             self.read_gbps,
             self.read_gbps_end,
             warm_summary(&self.warm_reads),
+            self.floor_us
+                .map_or("-".to_string(), |f| format!("{f:.1} µs")),
             if self.timestamps { "timestamp queries" } else { "wall clock" }
         );
         let _ = writeln!(
@@ -1341,7 +1397,7 @@ impl BenchReport {
     /// CSV, one row per point, with the adapter on every row.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us\n",
+            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us,call_over_floor\n",
         );
         for r in &self.rows {
             let (ag, am) = r.anchor.map_or((String::new(), String::new()), |(g, m)| {
@@ -1349,7 +1405,7 @@ impl BenchReport {
             });
             let _ = writeln!(
                 s,
-                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{},{},{:.2}",
+                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{},{},{:.2},{}",
                 self.adapter.replace('"', "'"),
                 self.backend,
                 self.date,
@@ -1371,7 +1427,9 @@ impl BenchReport {
                     "{:.2},{:.2},{:.2},{:.2}",
                     k[0], k[1], k[2], k[3]
                 )),
-                r.host_us
+                r.host_us,
+                self.floor_us
+                    .map_or(String::new(), |f| format!("{:.3}", r.call_us / f))
             );
         }
         s
