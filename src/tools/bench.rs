@@ -660,13 +660,7 @@ impl GpuBench {
             g.record_read_bandwidth(&mut enc, &data, &sink, 1, None);
             enc.copy_buffer_to_buffer(&data, 0, &read, 0, 256);
             let idx = self.queue.submit([enc.finish()]);
-            let slice = read.slice(..);
-            slice.map_async(wgpu::MapMode::Read, |_| {});
-            wait_for(&self.device, idx, 60)?;
-            drop(slice.get_mapped_range().map_err(|e| Error::Gpu {
-                detail: e.to_string(),
-            })?);
-            read.unmap();
+            map_u64(&self.device, &read, idx)?;
             if i >= 20 {
                 times.push(t0.elapsed().as_secs_f64() * 1e6);
             }
