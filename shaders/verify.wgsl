@@ -98,15 +98,43 @@ fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
     for (; c < n; c += 1u) {
         acc = fold(acc, chunk_stats[base + c], with_sum, inv_t);
     }
-    if (acc.t_arg == NO_INDEX) {
-        acc.t_arg = 0u;
+    return finish_row(acc, row, drafted);
+}
+
+// The end of a row's merge, whichever way it merged: a row with no maximum anywhere (all -inf)
+// points at token 0, and the drafted token's values come from the chunk that holds it.
+fn finish_row(merged: RowStats, row: u32, drafted: i32) -> RowStats {
+    var st = merged;
+    if (st.t_arg == NO_INDEX) {
+        st.t_arg = 0u;
     }
     if (drafted >= 0) {
-        let holder = chunk_stats[base + u32(drafted) / CHUNK];
-        acc.t_at_d = holder.t_at_d;
-        acc.q_at_d = holder.q_at_d;
+        let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
+        st.t_at_d = holder.t_at_d;
+        st.q_at_d = holder.q_at_d;
     }
-    return acc;
+    return st;
+}
+
+// The drafted token at row i of a request (-1 at the bonus row).
+fn drafted_at(info: ReqInfo, i: u32) -> i32 {
+    if (i < info.num_drafts) {
+        return draft_ids[info.draft_offset + i];
+    }
+    return -1;
+}
+
+// Stores row i's merged statistics and records what the request's decision needs from it: a
+// non-finite row (the target's, and the draft's when `check_draft`), and a draft not accepted.
+fn record_row(info: ReqInfo, i: u32, st: RowStats, drafted: i32, check_draft: bool) {
+    row_stats[info.row_offset + i] = st;
+    let draft_row = i < info.num_drafts;
+    if (row_nonfinite(st) || (check_draft && draft_row && draft_row_nonfinite(st))) {
+        atomicOr(&any_nonfinite, 1u);
+    }
+    if (draft_row && !row_outcome(info, i, st, drafted).accept) {
+        atomicMin(&first_stop, i);
+    }
 }
 
 fn row_nonfinite(st: RowStats) -> bool {
@@ -305,7 +333,6 @@ fn from_order_key(k: u32) -> f32 {
 // decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform.
 fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
     let n = params.num_chunks;
-    let k = info.num_drafts;
     for (var g = 0u; g < rows; g += 64u) {
         let count = min(64u, rows - g);
         let first = (info.row_offset + g) * n;
@@ -333,27 +360,11 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
             var st: RowStats;
             st.t_max = from_order_key(atomicLoad(&g_key[lane]));
             st.t_arg = atomicLoad(&g_arg[lane]);
-            if (st.t_arg == NO_INDEX) {
-                st.t_arg = 0u;
-            }
             st.flags = atomicLoad(&g_flags[lane]);
             st.q_max = bitcast<f32>(NEG_INF_BITS);
-            var drafted = -1;
-            if (i < k) {
-                drafted = draft_ids[info.draft_offset + i];
-            }
-            if (drafted >= 0) {
-                let holder = chunk_stats[(info.row_offset + i) * n + u32(drafted) / CHUNK];
-                st.t_at_d = holder.t_at_d;
-                st.q_at_d = holder.q_at_d;
-            }
-            row_stats[info.row_offset + i] = st;
-            if (row_nonfinite(st)) {
-                atomicOr(&any_nonfinite, 1u);
-            }
-            if (i < k && !row_outcome(info, i, st, drafted).accept) {
-                atomicMin(&first_stop, i);
-            }
+            let drafted = drafted_at(info, i);
+            // Greedy decisions never read the draft row (its q_max is left at -inf).
+            record_row(info, i, finish_row(st, info.row_offset + i, drafted), drafted, false);
         }
         // The next group reuses the arrays.
         workgroupBarrier();
@@ -377,20 +388,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let req = workgroupUniformLoad(&wg_req);
     if (req.y != 0u) {
         merge_greedy_rows(info, lane, req.x);
-    }
-    // Otherwise every row in parallel: merge its chunks in chunk order, decide its draft.
-    for (var i = lane; i <= k && req.y == 0u; i += 64u) {
-        var drafted = -1;
-        if (i < k) {
-            drafted = draft_ids[info.draft_offset + i];
-        }
-        let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
-        row_stats[info.row_offset + i] = st;
-        if (row_nonfinite(st) || (i < k && params.draft_kind == DRAFT_LOGITS && draft_row_nonfinite(st))) {
-            atomicOr(&any_nonfinite, 1u);
-        }
-        if (i < k && !row_outcome(info, i, st, drafted).accept) {
-            atomicMin(&first_stop, i);
+    } else {
+        // Every row in parallel: merge its chunks in chunk order, decide its draft.
+        for (var i = lane; i <= k; i += 64u) {
+            let drafted = drafted_at(info, i);
+            let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
+            record_row(info, i, st, drafted, params.draft_kind == DRAFT_LOGITS);
         }
     }
     storageBarrier();
