@@ -91,7 +91,7 @@ impl Kernel {
                 "tree_merge_walk",
             ],
             Kernel::BlockMass => &["main", "tree", "tree_mass", "tree_fold"],
-            Kernel::ResidualArgmax => &["block", "merge"],
+            Kernel::ResidualArgmax => &["block"],
             Kernel::RngCheck => &["main"],
             Kernel::ReadBandwidth => &["main"],
         }

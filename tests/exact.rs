@@ -430,3 +430,54 @@ fn requests_with_more_rows_than_lanes_match_the_twin() {
         assert!(diff.is_empty(), "kind {kind}: {diff:?}");
     }
 }
+
+#[test]
+fn a_reused_verifier_gives_every_request_its_residual_token() {
+    // residual_argmax's blocks count themselves in the high half of their request's status word;
+    // the request's last block to finish folds the candidates, writes the token and clears the
+    // count. A verifier reused across shapes (its pooled workspace still holds the last call's
+    // words) and windows of three rows (a request's blocks in one window's dispatch, the other
+    // requests' in others) must give the twin's tokens and statuses every time: a count left
+    // behind or miscounted leaves a token unwritten or a status with stray bits, and a block left
+    // out of the fold changes the token in the second round.
+    if gpu().is_none() {
+        return;
+    }
+    let mut gen = Gen::new(12);
+    let shapes: [(u32, &[u32]); 4] = [
+        (70_000, &[3, 0, 5, 1, 2, 4]),
+        (5000, &[2]),
+        (70_000, &[1, 1]),
+        (4097, &[0, 3, 8]),
+    ];
+    let windows = specdec::VerifierOptions {
+        max_binding_bytes: Some(3 * 70_000 * 4 + 256),
+        ..specdec::VerifierOptions::default()
+    };
+    for (name, opts) in [
+        ("default", specdec::VerifierOptions::default()),
+        ("windows", windows),
+    ] {
+        let v = Verifier::new(opts).unwrap();
+        for round in 0..2 {
+            for (vocab, ks) in shapes {
+                for kind in 0..3u8 {
+                    let mut b = Owned::random(&mut gen, vocab, ks, &[1.0, 0.8], kind, 0.5);
+                    if round == 1 {
+                        // The target's mass on the last entry: the winner sits in the last block.
+                        for row in b.target.chunks_mut(vocab as usize) {
+                            row[vocab as usize - 1] = 40.0;
+                        }
+                    }
+                    let want = cpu().verify_blocking(&b.batch()).unwrap();
+                    let got = v.verify_blocking(&b.batch()).unwrap();
+                    let diff = twin_differences(&got, &want);
+                    assert!(
+                        diff.is_empty(),
+                        "{name}, round {round}, V {vocab}, ks {ks:?}, kind {kind}: {diff:?}"
+                    );
+                }
+            }
+        }
+    }
+}
