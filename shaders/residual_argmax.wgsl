@@ -1,6 +1,6 @@
 // residual_argmax — samples the one token each non-greedy request still needs: the recovered
 // token from the rejected row's residual, or the bonus token from the bonus row.
-// CPU twin: src/cpu/residual_argmax.rs. Label: specdec.residual_argmax.block.
+// CPU twin: src/cpu/residual_argmax.rs. Labels: specdec.residual_argmax.block / .merge.
 //
 // Exponential race (equivalent to Gumbel-max): y* = argmax_y r(y) / e_y with e_y ~ Exp(1)
 // independent, which picks y with probability r(y) / Σ r — no sort, no normalisation of r, one
@@ -13,23 +13,14 @@
 //
 // Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
 // in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
-// Each block publishes its candidate; the request's last block to finish folds them all and
-// writes the token (see `finish_request`), so the pass is one dispatch, not a block dispatch and
-// a merge dispatch: at small batches every dispatch costs a few microseconds of launch and
-// barrier before it does any work.
+// Dispatch `merge`: one workgroup per request folds its blocks and writes the token.
 
 // Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_stats: array<RowStats>;
 @group(0) @binding(5) var<storage, read> tasks: array<Task>;
-// The candidates (8 words per (request, block)) and the output are atomic words: blocks of one
-// request hand their candidates to the request's last block within the dispatch, and only
-// atomics are coherent between workgroups in every backend's memory model (plain loads may hit
-// a cache that does not see another workgroup's stores). Each request's finished-block count
-// sits in the high half of its status word (below), which verify has just written, so no other
-// buffer needs clearing between calls.
-@group(0) @binding(6) var<storage, read_write> candidates: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> out_words: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> candidates: array<Candidate>;
+@group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
 // Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
@@ -78,7 +69,7 @@ fn tree_headers() -> u32 {
 // per block, whatever the count.
 fn excluded(c: RaceCtx, y: u32) -> bool {
     for (var j = 0u; j < c.excl_count; j += 1u) {
-        if (atomicLoad(&out_words[c.excl_at + j]) == y) {
+        if (out_words[c.excl_at + j] == y) {
             return true;
         }
     }
@@ -202,12 +193,12 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         // A tree slot sits at its depth, draws bonus noise only at a leaf, has its own draft
         // row, and may exclude several rejected children.
         let h = tree_headers() + 8u * r;
-        pos = row_position(info, atomicLoad(&out_words[h]));
-        stream = atomicLoad(&out_words[h + 1u]);
-        d_row = atomicLoad(&out_words[h + 2u]);
+        pos = row_position(info, out_words[h]);
+        stream = out_words[h + 1u];
+        d_row = out_words[h + 2u];
         has_d = d_row != NO_INDEX;
-        excl_at = tree_headers() + 8u * params.num_requests + atomicLoad(&out_words[h + 3u]);
-        excl_count = atomicLoad(&out_words[h + 4u]);
+        excl_at = tree_headers() + 8u * params.num_requests + out_words[h + 3u];
+        excl_count = out_words[h + 4u];
     }
     let d_base = params.d_elem_base + (d_row - params.d_row_begin) * params.draft_vocab;
     let use_q = task.kind == TASK_DRAFT_RESIDUAL || task.kind == TASK_BLOCK_RESIDUAL;
@@ -238,20 +229,14 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         best = race_step(best, ctx, g + 2u, l.z, dv.z, words.z);
         best = race_step(best, ctx, g + 3u, l.w, dv.w, words.w);
     }
-    reduce_shared(lane, best);
-    if (lane == 0u && in_window) {
-        put_candidate(r * params.num_blocks + block_id, Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0], sh_rl[0], sh_pl[0], 0u, 0u));
-    }
-    finish_request(r, lane, in_window, task);
-}
-
-// Folds every lane's `best` into sh_*[0] (a tree over the workgroup; the argmax with lowest-index
-// ties does not depend on the order). Called in uniform control flow.
-fn reduce_shared(lane: u32, best: Candidate) {
-    sh_rk[lane] = best.r_key;
-    sh_ri[lane] = best.r_idx;
-    sh_pk[lane] = best.p_key;
-    sh_pi[lane] = best.p_idx;
+    let best_rk = best.r_key;
+    let best_ri = best.r_idx;
+    let best_pk = best.p_key;
+    let best_pi = best.p_idx;
+    sh_rk[lane] = best_rk;
+    sh_ri[lane] = best_ri;
+    sh_pk[lane] = best_pk;
+    sh_pi[lane] = best_pi;
     sh_rl[lane] = best.r_logit;
     sh_pl[lane] = best.p_logit;
     workgroupBarrier();
@@ -271,70 +256,17 @@ fn reduce_shared(lane: u32, best: Candidate) {
         }
         workgroupBarrier();
     }
-}
-
-fn put_candidate(i: u32, c: Candidate) {
-    let w = 8u * i;
-    atomicStore(&candidates[w], bitcast<u32>(c.r_key));
-    atomicStore(&candidates[w + 1u], c.r_idx);
-    atomicStore(&candidates[w + 2u], bitcast<u32>(c.p_key));
-    atomicStore(&candidates[w + 3u], c.p_idx);
-    atomicStore(&candidates[w + 4u], bitcast<u32>(c.r_logit));
-    atomicStore(&candidates[w + 5u], bitcast<u32>(c.p_logit));
-}
-
-fn get_candidate(i: u32) -> Candidate {
-    let w = 8u * i;
-    return Candidate(bitcast<f32>(atomicLoad(&candidates[w])), atomicLoad(&candidates[w + 1u]), bitcast<f32>(atomicLoad(&candidates[w + 2u])), atomicLoad(&candidates[w + 3u]), bitcast<f32>(atomicLoad(&candidates[w + 4u])), bitcast<f32>(atomicLoad(&candidates[w + 5u])), 0u, 0u);
-}
-
-// The finished-block count of a request lives in bits 16.. of its status word (the STATUS_* flags
-// use the low bits; a dispatch has at most 65,535 blocks per dimension).
-const COUNT_ONE: u32 = 0x10000u;
-const STATUS_BITS: u32 = 0xffffu;
-var<workgroup> wg_last: u32;
-
-fn status_index(r: u32) -> u32 {
-    return params.num_requests * params.out_stride + params.num_requests + r;
-}
-
-// Called by every block after it has published its candidate: the request's last block to
-// finish (the one whose count reaches num_blocks) folds the candidates and writes the token.
-// The storage barriers are the release (before the count) and the acquire (after it) that make
-// the other blocks' candidates visible; the count is cleared again before the output is read.
-fn finish_request(r: u32, lane: u32, in_window: bool, task: Task) {
-    storageBarrier();
-    if (lane == 0u) {
-        var last = 0u;
-        if (in_window) {
-            let before = atomicAdd(&out_words[status_index(r)], COUNT_ONE);
-            last = select(0u, 1u, (before >> 16u) + 1u == params.num_blocks);
-        }
-        wg_last = last;
-    }
-    if (workgroupUniformLoad(&wg_last) == 0u) {
-        return;
-    }
-    storageBarrier();
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
-    for (var b = lane; b < params.num_blocks; b += WG) {
-        let c = get_candidate(r * params.num_blocks + b);
-        if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
-            best.r_key = c.r_key;
-            best.r_idx = c.r_idx;
-            best.r_logit = c.r_logit;
-        }
-        if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
-            best.p_key = c.p_key;
-            best.p_idx = c.p_idx;
-            best.p_logit = c.p_logit;
-        }
-    }
-    reduce_shared(lane, best);
-    if (lane == 0u) {
-        write_token(r, task);
+    if (lane == 0u && in_window) {
+        candidates[r * params.num_blocks + block_id] = Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0], sh_rl[0], sh_pl[0], 0u, 0u);
     }
 }
+
+var<workgroup> mk_r: array<f32, 64>;
+var<workgroup> mi_r: array<u32, 64>;
+var<workgroup> mk_p: array<f32, 64>;
+var<workgroup> mi_p: array<u32, 64>;
+var<workgroup> ml_r: array<f32, 64>;
+var<workgroup> ml_p: array<f32, 64>;
 
 // Writes the logprobs of output slot `slot` when the output has the logprob regions (as in
 // verify.wgsl).
@@ -343,30 +275,73 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
         return;
     }
     let base = params.num_requests * params.out_stride + 2u * params.num_requests;
-    atomicStore(&out_words[base + slot], bitcast<u32>(lp.x));
-    atomicStore(&out_words[base + params.num_requests * params.out_stride + slot], bitcast<u32>(lp.y));
+    out_words[base + slot] = bitcast<u32>(lp.x);
+    out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
 }
 
-// Request r's token from the folded candidates in sh_*[0], and the status word cleared of the
-// block count.
-fn write_token(r: u32, task: Task) {
-    var token = sh_ri[0];
-    var logit = sh_rl[0];
-    var empty = 0u;
+// One workgroup of 64 per request: the lanes load the block candidates in parallel, then fold as
+// a tree (the argmax with lowest-index ties does not depend on the order).
+@compute @workgroup_size(64)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r = wid.x;
+    let task = tasks[r];
+    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
+    if (task.kind != TASK_NONE) {
+        for (var b = lane; b < params.num_blocks; b += 64u) {
+            let c = candidates[r * params.num_blocks + b];
+            if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
+                best.r_key = c.r_key;
+                best.r_idx = c.r_idx;
+                best.r_logit = c.r_logit;
+            }
+            if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
+                best.p_key = c.p_key;
+                best.p_idx = c.p_idx;
+                best.p_logit = c.p_logit;
+            }
+        }
+    }
+    mk_r[lane] = best.r_key;
+    mi_r[lane] = best.r_idx;
+    mk_p[lane] = best.p_key;
+    mi_p[lane] = best.p_idx;
+    ml_r[lane] = best.r_logit;
+    ml_p[lane] = best.p_logit;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let o = lane + stride;
+            if (better(mk_r[o], mi_r[o], mk_r[lane], mi_r[lane])) {
+                mk_r[lane] = mk_r[o];
+                mi_r[lane] = mi_r[o];
+                ml_r[lane] = ml_r[o];
+            }
+            if (better(mk_p[o], mi_p[o], mk_p[lane], mi_p[lane])) {
+                mk_p[lane] = mk_p[o];
+                mi_p[lane] = mi_p[o];
+                ml_p[lane] = ml_p[o];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane != 0u || task.kind == TASK_NONE) {
+        return;
+    }
+    var token = mi_r[0];
+    var logit = ml_r[0];
     if (token == NO_INDEX) {
         // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
-        token = sh_pi[0];
-        logit = sh_pl[0];
-        empty = STATUS_EMPTY_RESIDUAL;
+        token = mi_p[0];
+        logit = ml_p[0];
+        let status_idx = params.num_requests * params.out_stride + params.num_requests + r;
+        out_words[status_idx] = out_words[status_idx] | STATUS_EMPTY_RESIDUAL;
     }
-    let s = status_index(r);
-    atomicStore(&out_words[s], (atomicLoad(&out_words[s]) & STATUS_BITS) | empty);
     let info = requests[r];
     let st = row_stats[info.row_offset + task.local_row];
     if (token == NO_INDEX) {
         token = st.t_arg;
         logit = st.t_max;
     }
-    atomicStore(&out_words[task.slot], token);
+    out_words[task.slot] = token;
     put_logprobs(task.slot, logprobs_of(info, st, logit));
 }

@@ -91,7 +91,7 @@ impl Kernel {
                 "tree_merge_walk",
             ],
             Kernel::BlockMass => &["main", "tree", "tree_mass", "tree_fold"],
-            Kernel::ResidualArgmax => &["block"],
+            Kernel::ResidualArgmax => &["block", "merge"],
             Kernel::RngCheck => &["main"],
             Kernel::ReadBandwidth => &["main"],
         }

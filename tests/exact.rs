@@ -433,13 +433,11 @@ fn requests_with_more_rows_than_lanes_match_the_twin() {
 
 #[test]
 fn a_reused_verifier_gives_every_request_its_residual_token() {
-    // residual_argmax's blocks count themselves in the high half of their request's status word;
-    // the request's last block to finish folds the candidates, writes the token and clears the
-    // count. A verifier reused across shapes (its pooled workspace still holds the last call's
-    // words) and windows of three rows (a request's blocks in one window's dispatch, the other
-    // requests' in others) must give the twin's tokens and statuses every time: a count left
-    // behind or miscounted leaves a token unwritten or a status with stray bits, and a block left
-    // out of the fold changes the token in the second round.
+    // A verifier reused across shapes (its pooled workspace still holds the last call's
+    // candidates, tasks and output words) and windows of three rows (a request's residual blocks
+    // in one window's dispatch, the other requests' in others) must give the twin's tokens and
+    // statuses every time. In the second round the target's mass sits on the last entry, so the
+    // winning candidate is the last block's: a block left out of the merge changes the token.
     if gpu().is_none() {
         return;
     }

@@ -103,8 +103,8 @@ pub enum Timestamps<'a> {
     None,
     /// At the beginning and the end of the one compute pass holding every dispatch.
     Pass(wgpu::ComputePassTimestampWrites<'a>),
-    /// One pass per kernel (row_stats, verify, residual_argmax), timestamps `first + 2i` (begin)
-    /// and `first + 2i + 1` (end) of `query_set`: 6 queries.
+    /// One pass per kernel (row_stats, verify, residual_argmax.block, residual_argmax.merge),
+    /// timestamps `first + 2i` (begin) and `first + 2i + 1` (end) of `query_set`: 8 queries.
     PerKernel {
         /// The query set.
         query_set: &'a wgpu::QuerySet,
@@ -248,7 +248,7 @@ impl GpuBackend {
             let masses = self.block_mass_groups(ws, &shape, &rows);
             let residual = self.residual_groups(ws, &rows);
             let verify = self.verify_group(ws, &shape);
-            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 3] = [
+            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
                     // The cut-offs are timed with row_stats when profiling per kernel.
                     self.record_cutoff(pass, &shape, &cutoff);
@@ -263,7 +263,8 @@ impl GpuBackend {
                         self.record_block_settle(pass, &shape, &verify);
                     }
                 },
-                &|pass| self.record_residual(pass, &shape, &residual),
+                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_merge(pass, &shape, &residual),
             ];
             if !shape.windows.is_empty() {
                 record_phases(encoder, &phases, timestamps);
@@ -329,12 +330,12 @@ impl GpuBackend {
     }
 }
 
-/// Records the three phases (cutoff + row_stats, verify + block_mass, residual_argmax). One
-/// compute pass holds every dispatch (wgpu orders dispatches that share buffers), except when
-/// profiling per kernel: then each phase gets its own timed pass.
+/// Records the four phases (cutoff + row_stats, verify + block_mass, residual_argmax.block,
+/// residual_argmax.merge). One compute pass holds every dispatch (wgpu orders dispatches that
+/// share buffers), except when profiling per kernel: then each phase gets its own timed pass.
 pub(super) fn record_phases(
     encoder: &mut wgpu::CommandEncoder,
-    phases: &[&dyn Fn(&mut wgpu::ComputePass<'_>); 3],
+    phases: &[&dyn Fn(&mut wgpu::ComputePass<'_>); 4],
     timestamps: Timestamps<'_>,
 ) {
     match timestamps {

@@ -1,9 +1,8 @@
 //! Pass 5: residual_argmax (`shaders/residual_argmax.wgsl`). Samples the one token each
 //! non-greedy request still needs, by an exponential race (Gumbel-max) over the rejected row's
-//! residual or the bonus row: each workgroup races one (request, vocabulary block) and publishes
-//! its candidate in `candidates`; the request's last block to finish picks the winner and
-//! writes it to `out`. Reads the caller's rows, requests, verify's row statistics and tasks, and
-//! the cut-offs.
+//! residual or the bonus row: `block` writes one candidate per (request, vocabulary block) to
+//! `candidates`, `merge` picks the winner per request and writes it to `out`. Reads the caller's
+//! rows, requests, verify's row statistics and tasks, and the cut-offs.
 
 use super::bindings::{entry, params_entry, with_params};
 use super::shape::Shape;
@@ -21,15 +20,14 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 impl GpuBackend {
     /// Vocabulary entries per residual_argmax workgroup for `requests` requests of `vocab`: about
     /// `target_workgroups / 4` workgroups in all (at least 4 entries per lane), a multiple of 4,
-    /// and few enough blocks for one dispatch dimension and for the 16-bit count of finished
-    /// blocks the kernel keeps per request. Any value gives the same tokens (the argmax does not
-    /// depend on how it is split).
+    /// and few enough blocks for one dispatch dimension. Any value gives the same tokens (the
+    /// argmax does not depend on how it is split).
     pub fn residual_block_len(&self, vocab: u32, requests: usize) -> u32 {
         let max_blocks = self
             .device
             .limits()
             .max_compute_workgroups_per_dimension
-            .clamp(1, 65_535);
+            .max(1);
         let lanes = 4 * self.wg;
         let want = (u64::from(vocab) * requests as u64)
             .div_ceil(u64::from(self.target_workgroups / 4).max(1));
@@ -66,10 +64,9 @@ impl GpuBackend {
             .collect()
     }
 
-    /// Dispatches residual_argmax over every window: one workgroup per (vocabulary block,
-    /// request); each request's last block writes its token. An all-greedy batch has nothing to
-    /// resample and dispatches nothing.
-    pub(super) fn record_residual(
+    /// Dispatches residual_argmax's `block` over every window: one workgroup per (vocabulary
+    /// block, request). An all-greedy batch has nothing to resample and dispatches nothing.
+    pub(super) fn record_residual_blocks(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         shape: &Shape,
@@ -84,5 +81,21 @@ impl GpuBackend {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
             pass.dispatch_workgroups(shape.num_blocks, (w.req_end - w.req_begin) as u32, 1);
         }
+    }
+
+    /// Dispatches residual_argmax's `merge`: one workgroup per request (nothing for an
+    /// all-greedy batch).
+    pub(super) fn record_residual_merge(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        if !shape.needs_residual {
+            return;
+        }
+        pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
+        pass.set_bind_group(0, &groups[0], &[0]);
+        pass.dispatch_workgroups(shape.n as u32, 1, 1);
     }
 }

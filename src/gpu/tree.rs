@@ -78,8 +78,8 @@ fn scratch(tp: &TreePlan, children: usize) -> Scratch {
 
 impl GpuBackend {
     /// Records the verification of a checked tree batch over the caller's rows, in the chain's
-    /// three timed phases (cutoff + row_stats; tree_merge + tree values + tree_walk; the race).
-    /// The readback then holds `tree_readback_words(tp)` words, decoded by
+    /// four timed phases (cutoff + row_stats; tree_merge + tree values + tree_walk; the race's
+    /// blocks; its merge). The readback then holds `tree_readback_words(tp)` words, decoded by
     /// [`decode_tree`].
     pub(crate) fn record_tree(
         &self,
@@ -135,7 +135,7 @@ impl GpuBackend {
                 self.verify_group_over(ws, [ws.draft_ids.get(), ws.masses.get(), &self.dummy]);
             let residual = self.residual_groups(ws, &rows);
             let special = shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY);
-            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 3] = [
+            let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
                     self.record_cutoff(pass, &shape, &cutoff);
                     self.record_row_stats(pass, &shape, &stats);
@@ -160,7 +160,8 @@ impl GpuBackend {
                     pass.set_bind_group(0, &walk, &[0]);
                     pass.dispatch_workgroups(shape.n as u32, 1, 1);
                 },
-                &|pass| self.record_residual(pass, &shape, &residual),
+                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_merge(pass, &shape, &residual),
             ];
             if !shape.windows.is_empty() {
                 super::record_phases(encoder, &phases, timestamps);

@@ -186,8 +186,8 @@ pub struct BenchRow {
     /// The anchor's (vLLM MRV2) `graph_us` and `median_us` at this point, if it has one.
     pub anchor: Option<(f64, f64)>,
     /// Median GPU time of each kernel in a pass of its own (row_stats, verify,
-    /// residual_argmax), µs, when timestamps are available.
-    pub kernels_us: Option<[f64; 3]>,
+    /// residual_argmax.block, residual_argmax.merge), µs, when timestamps are available.
+    pub kernels_us: Option<[f64; 4]>,
     /// Median host time to record and submit one call (the rest of `call_us` is waiting), µs.
     pub host_us: f64,
 }
@@ -580,11 +580,11 @@ impl GpuBench {
         let gpu_us = whole.map_or_else(|| median(&mut calls.clone()), |m| m[0]);
         let call_us = median(&mut calls);
         let kernels_us = self
-            .timed(cfg, &gpu_batch, 3, &|qs, i| crate::Timestamps::PerKernel {
+            .timed(cfg, &gpu_batch, 4, &|qs, i| crate::Timestamps::PerKernel {
                 query_set: qs,
-                first: 6 * i,
+                first: 8 * i,
             })?
-            .map(|m| [m[0], m[1], m[2]]);
+            .map(|m| [m[0], m[1], m[2], m[3]]);
         let host_us = median(&mut host);
         let bytes = (n_t * self.t_size + if mode.has_draft_rows() { n_d * 4 } else { 0 }) as u64;
         Ok(BenchRow {
@@ -1292,8 +1292,8 @@ fn row_line(r: &BenchRow, read_gbps: f64) -> String {
     });
     let kernels = r.kernels_us.map_or(String::new(), |k| {
         format!(
-            "  [stats {:.1} verify {:.1} resid {:.1} host {:.1}]",
-            k[0], k[1], k[2], r.host_us
+            "  [stats {:.1} verify {:.1} resid {:.1} merge {:.1} host {:.1}]",
+            k[0], k[1], k[2], k[3], r.host_us
         )
     });
     format!(
@@ -1391,7 +1391,7 @@ impl BenchReport {
     /// CSV, one row per point, with the adapter on every row.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,host_us,call_over_floor\n",
+            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us,call_over_floor\n",
         );
         for r in &self.rows {
             let (ag, am) = r.anchor.map_or((String::new(), String::new()), |(g, m)| {
@@ -1417,9 +1417,9 @@ impl BenchReport {
                 ag,
                 am,
                 r.mismatches,
-                r.kernels_us.map_or(",,".to_string(), |k| format!(
-                    "{:.2},{:.2},{:.2}",
-                    k[0], k[1], k[2]
+                r.kernels_us.map_or(",,,".to_string(), |k| format!(
+                    "{:.2},{:.2},{:.2},{:.2}",
+                    k[0], k[1], k[2], k[3]
                 )),
                 r.host_us,
                 self.floor_us
