@@ -388,13 +388,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let req = workgroupUniformLoad(&wg_req);
     if (req.y != 0u) {
         merge_greedy_rows(info, lane, req.x);
-    } else {
-        // Every row in parallel: merge its chunks in chunk order, decide its draft.
-        for (var i = lane; i <= k; i += 64u) {
-            let drafted = drafted_at(info, i);
-            let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
-            record_row(info, i, st, drafted, params.draft_kind == DRAFT_LOGITS);
-        }
+    }
+    // Otherwise every row in parallel: merge its chunks in chunk order, decide its draft. (A loop
+    // guarded by `req.y == 0u`, not an else branch: written as if/else, the H200's verify ran
+    // 1.11x slower for sampled requests, benches/results/nvidia-h200-vulkan-verify-loop-form-*.)
+    for (var i = lane; i <= k && req.y == 0u; i += 64u) {
+        let drafted = drafted_at(info, i);
+        let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
+        record_row(info, i, st, drafted, params.draft_kind == DRAFT_LOGITS);
     }
     storageBarrier();
     workgroupBarrier();
