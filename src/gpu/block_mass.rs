@@ -65,7 +65,8 @@ impl GpuBackend {
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        pass.set_pipeline(self.pipeline(Kernel::BlockMass, "main"));
+        let plain = shape.special & super::pipelines::SPECIAL_PLAIN_F32;
+        pass.set_pipeline(self.special_pipeline(Kernel::BlockMass, "main", plain));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
             pass.dispatch_workgroups(shape.num_chunks, (w.row_end - w.row_begin) as u32, 1);
