@@ -74,6 +74,7 @@ fn bench_refuses_every_out_of_range_value_before_any_work() {
         (&["--vocab", "0"], "--vocab 0"),
         (&["--vocab", "4294967295"], "--vocab"),
         (&["--reps", "0"], "--reps 0"),
+        (&["--reps", "1500"], "--reps 1500: at most 512"),
         (&["--reps", "-1"], "--reps"),
         (&["--reps", "2,3"], "--reps"),
         (&["--top-p", "0"], "--top-p"),

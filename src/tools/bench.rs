@@ -1637,7 +1637,7 @@ Options:
   --cpu               run the CPU backend instead of the GPU
   --batch 1,8,32,128  requests per batch      --k 1,4,8          drafts per request
   --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
-  --reps N            timed calls per point    --no-baseline      skip copy-to-host + CPU baseline
+  --reps N            timed calls per point (at most 512)   --no-baseline  skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
@@ -1780,6 +1780,15 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
     }
     if cfg.reps == 0 {
         return Err("--reps 0: at least 1 timed call per point".into());
+    }
+    // Each timed call takes 8 timestamp queries of one query set, which holds at most
+    // wgpu::QUERY_SET_MAX_QUERIES.
+    let max_reps = (wgpu::QUERY_SET_MAX_QUERIES / 8) as usize;
+    if cfg.reps > max_reps {
+        return Err(format!(
+            "--reps {}: at most {max_reps} timed calls per point",
+            cfg.reps
+        ));
     }
     if let Some(w) = cfg.workgroup_size.filter(|w| !(1..=256).contains(w)) {
         return Err(format!(
