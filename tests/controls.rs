@@ -193,6 +193,52 @@ fn gpu_cutoffs_do_not_depend_on_the_split() {
     assert_eq!(differ, 0, "{differ} of {} cut-offs differ", a.len());
 }
 
+/// The largest scan slices: with one workgroup as the target a scan workgroup takes a whole row,
+/// and its top-p histogram sums up to 200,000 masses. Rows of equal logits give every entry the
+/// largest mass (2^31 in fixed point), so the 64-bit sums carry into their high word again and
+/// again; the cut-offs must equal the twin's bit for bit.
+#[test]
+fn gpu_cutoffs_with_the_largest_slices_equal_the_twin() {
+    if gpu().is_none() {
+        return;
+    }
+    let vocab = 200_000usize;
+    let big = Verifier::new(VerifierOptions {
+        target_workgroups: 1,
+        ..VerifierOptions::default()
+    })
+    .unwrap();
+    let (mut o, _) = batch(31, vocab, 3);
+    // Request 0's target rows flat, request 1's first row flat but for one entry.
+    for x in &mut o.target[..2 * vocab] {
+        *x = 1.5;
+    }
+    for x in &mut o.target[2 * vocab..3 * vocab] {
+        *x = -0.25;
+    }
+    o.target[2 * vocab + 7] = 3.0;
+    for r in &mut o.requests {
+        r.params = r.params.with_top_p(0.9);
+    }
+    let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+    let b = big.cutoffs_blocking(&o.batch()).unwrap();
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{differ} of {} cut-offs differ: {a:?} vs {b:?}",
+        a.len()
+    );
+    assert!(
+        a[0].is_finite(),
+        "a flat row keeps everything at its one value"
+    );
+}
+
 #[test]
 fn a_262144_vocabulary() {
     let vocab = 262_144;
