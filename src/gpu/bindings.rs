@@ -101,14 +101,7 @@ pub(super) fn with_params(last: u32, writable: &[u32]) -> Vec<wgpu::BindGroupLay
 }
 
 /// The Params binding of every verification bind group: one slot of the workspace's Params
-/// buffer, chosen per dispatch by its dynamic offset.
+/// slots, chosen per dispatch by its dynamic offset.
 pub(super) fn params_entry(ws: &Workspace) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry {
-        binding: 0,
-        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: ws.params.get(),
-            offset: 0,
-            size: std::num::NonZeroU64::new(PARAMS_BYTES as u64),
-        }),
-    }
+    ws.meta_entry(0, (ws.meta_at.params.0, PARAMS_BYTES as u64))
 }

@@ -27,7 +27,7 @@ impl GpuBackend {
         if !shape.block_masses {
             return Vec::new();
         }
-        self.mass_groups_over(ws, rows, ws.row_info.get())
+        self.mass_groups_over(ws, rows, ws.meta_part(ws.meta_at.row_info))
     }
 
     /// One block_mass bind group per window with `table` at binding 4 (`row_info` for chains,
@@ -36,7 +36,7 @@ impl GpuBackend {
         &self,
         ws: &Workspace,
         rows: &[WindowRows<'_>],
-        table: &wgpu::Buffer,
+        table: wgpu::BufferBinding<'_>,
     ) -> Vec<wgpu::BindGroup> {
         rows.iter()
             .map(|r| {
@@ -47,8 +47,11 @@ impl GpuBackend {
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
-                        entry(3, ws.requests.get()),
-                        entry(4, table),
+                        ws.meta_entry(3, ws.meta_at.requests),
+                        wgpu::BindGroupEntry {
+                            binding: 4,
+                            resource: wgpu::BindingResource::Buffer(table.clone()),
+                        },
                         entry(5, ws.row_stats.get()),
                         entry(6, ws.cutoffs.get()),
                         entry(7, ws.masses.get()),

@@ -288,12 +288,14 @@ impl GpuBackend {
         if total == 0 {
             return;
         }
-        encoder.copy_buffer_to_buffer(ids.buffer, ids.offset, ws.draft_ids.get(), 0, total);
+        let meta = ws.meta.get();
+        let (ids_at, rows_at) = (ws.meta_at.draft_ids.0, ws.meta_at.row_info.0);
+        encoder.copy_buffer_to_buffer(ids.buffer, ids.offset, meta, ids_at, total);
         for (row, info) in plan.row_info.iter().enumerate() {
             if info[3] != crate::layout::NO_INDEX {
                 let from = ids.offset + u64::from(info[3]) * 4;
-                let to = row as u64 * 16 + 8;
-                encoder.copy_buffer_to_buffer(ids.buffer, from, ws.row_info.get(), to, 4);
+                let to = rows_at + row as u64 * 16 + 8;
+                encoder.copy_buffer_to_buffer(ids.buffer, from, meta, to, 4);
             }
         }
     }

@@ -52,7 +52,7 @@ impl GpuBackend {
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
-                        entry(3, ws.requests.get()),
+                        ws.meta_entry(3, ws.meta_at.requests),
                         entry(4, ws.row_stats.get()),
                         entry(5, ws.tasks.get()),
                         entry(6, ws.candidates.get()),

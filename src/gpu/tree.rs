@@ -100,14 +100,14 @@ impl GpuBackend {
         shape.out_words = at.headers;
         self.ensure_workspace(ws, plan, &shape);
         let dev = &self.device;
-        ws.draft_ids.ensure(dev, table.len() as u64 * 4);
+        ws.tree_table.ensure(dev, table.len() as u64 * 4);
         // Tree values: 3 per slot, the recursion state 2 per slot, a partial per slot and chunk.
         let values = plan.total_rows as u64 * (5 + u64::from(shape.num_chunks));
         ws.masses.ensure(dev, values * 4);
         ws.out.ensure(dev, at.total as u64 * 4);
         let rows = self.write_metadata(ws, plan, &shape, src.target, src.draft);
         self.queue
-            .write_buffer(ws.draft_ids.get(), 0, bytemuck::cast_slice(&table));
+            .write_buffer(ws.tree_table.get(), 0, bytemuck::cast_slice(&table));
         if !tokens.is_empty() {
             let offset = at.tokens as u64 * 4;
             self.queue
@@ -130,9 +130,14 @@ impl GpuBackend {
         scoped(&self.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &rows);
-            let values = self.mass_groups_over(ws, &rows, ws.draft_ids.get());
-            let walk =
-                self.verify_group_over(ws, [ws.draft_ids.get(), ws.masses.get(), &self.dummy]);
+            let table = ws.tree_table.get().as_entire_buffer_binding();
+            let values = self.mass_groups_over(ws, &rows, table.clone());
+            let tables = [
+                table,
+                ws.masses.get().as_entire_buffer_binding(),
+                self.dummy.as_entire_buffer_binding(),
+            ];
+            let walk = self.verify_group_over(ws, tables);
             let residual = self.residual_groups(ws, &rows);
             let special = shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [

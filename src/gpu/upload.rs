@@ -128,12 +128,20 @@ impl GpuBackend {
         if windows.is_empty() {
             slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
         }
-        let q = &self.queue;
-        q.write_buffer(ws.params.get(), 0, &slots);
-        q.write_buffer(ws.requests.get(), 0, bytemuck::cast_slice(&plan.reqs));
-        q.write_buffer(ws.row_info.get(), 0, bytemuck::cast_slice(&plan.row_info));
-        q.write_buffer(ws.draft_ids.get(), 0, bytemuck::cast_slice(&plan.draft_ids));
-        q.write_buffer(ws.rates.get(), 0, bytemuck::cast_slice(&plan.rates));
+        // Every part into one buffer with one write (see `Workspace::meta`).
+        let at = ws.meta_at;
+        let mut meta = vec![0u8; at.end() as usize];
+        for (part, bytes) in [
+            (at.params, &slots[..]),
+            (at.requests, bytemuck::cast_slice(&plan.reqs)),
+            (at.row_info, bytemuck::cast_slice(&plan.row_info)),
+            (at.draft_ids, bytemuck::cast_slice(&plan.draft_ids)),
+            (at.rates, bytemuck::cast_slice(&plan.rates)),
+        ] {
+            let from = part.0 as usize;
+            meta[from..from + bytes.len()].copy_from_slice(bytes);
+        }
+        self.queue.write_buffer(ws.meta.get(), 0, &meta);
         rows
     }
 }

@@ -25,7 +25,12 @@ impl GpuBackend {
         } else {
             &self.dummy
         };
-        self.verify_group_over(ws, [ws.draft_ids.get(), ws.rates.get(), masses])
+        let tables = [
+            ws.meta_part(ws.meta_at.draft_ids),
+            ws.meta_part(ws.meta_at.rates),
+            masses.as_entire_buffer_binding(),
+        ];
+        self.verify_group_over(ws, tables)
     }
 
     /// verify's bind group with `tables` at bindings 3, 4 and 8 (draft ids, rates, block
@@ -33,21 +38,31 @@ impl GpuBackend {
     pub(super) fn verify_group_over(
         &self,
         ws: &Workspace,
-        tables: [&wgpu::Buffer; 3],
+        tables: [wgpu::BufferBinding<'_>; 3],
     ) -> wgpu::BindGroup {
+        let [ids, rates, masses] = tables.map(wgpu::BindingResource::Buffer);
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("specdec.verify"),
             layout: &self.layouts[&Kernel::Verify],
             entries: &[
                 params_entry(ws),
-                entry(1, ws.requests.get()),
+                ws.meta_entry(1, ws.meta_at.requests),
                 entry(2, ws.block_stats.get()),
-                entry(3, tables[0]),
-                entry(4, tables[1]),
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: ids,
+                },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: rates,
+                },
                 entry(5, ws.tasks.get()),
                 entry(6, ws.out.get()),
                 entry(7, ws.row_stats.get()),
-                entry(8, tables[2]),
+                wgpu::BindGroupEntry {
+                    binding: 8,
+                    resource: masses,
+                },
             ],
         })
     }

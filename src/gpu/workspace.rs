@@ -38,13 +38,64 @@ impl Grow {
     }
 }
 
+/// Where each part of a call's metadata sits in [`Workspace::meta`]: byte offset and size.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MetaLayout {
+    /// The Params slots (one per window, then one per cutoff group).
+    pub params: (u64, u64),
+    /// The request table.
+    pub requests: (u64, u64),
+    /// The row table.
+    pub row_info: (u64, u64),
+    /// The draft token ids.
+    pub draft_ids: (u64, u64),
+    /// The synthetic rates.
+    pub rates: (u64, u64),
+}
+
+impl MetaLayout {
+    /// The parts one after another, each from a multiple of `align` (the device's storage and
+    /// uniform offset alignment) and at least 16 bytes (a binding is never empty).
+    pub fn new(
+        align: u64,
+        params: u64,
+        requests: u64,
+        row_info: u64,
+        draft_ids: u64,
+        rates: u64,
+    ) -> Self {
+        let mut at = 0u64;
+        let mut part = |bytes: u64| {
+            let size = bytes.max(16).next_multiple_of(16);
+            let offset = at;
+            at = (offset + size).next_multiple_of(align);
+            (offset, size)
+        };
+        MetaLayout {
+            params: part(params),
+            requests: part(requests),
+            row_info: part(row_info),
+            draft_ids: part(draft_ids),
+            rates: part(rates),
+        }
+    }
+
+    /// Bytes the metadata buffer needs.
+    pub fn end(&self) -> u64 {
+        self.rates.0 + self.rates.1
+    }
+}
+
 /// The buffers of one in-flight verification, pooled and reused across calls.
 pub(crate) struct Workspace {
-    pub(super) params: Grow,
-    pub(super) requests: Grow,
-    pub(super) row_info: Grow,
-    pub(super) draft_ids: Grow,
-    pub(super) rates: Grow,
+    /// Every part of a call's metadata (Params slots, requests, rows, draft ids, rates) in one
+    /// buffer, written by one `queue.write_buffer`: wgpu creates, maps and frees a staging
+    /// buffer for each write, and five writes per call cost host time on every call.
+    pub(super) meta: Grow,
+    /// Where the parts of the last call's metadata sit in `meta`.
+    pub(super) meta_at: MetaLayout,
+    /// A tree batch's node table (chains keep their draft ids in `meta`).
+    pub(super) tree_table: Grow,
     pub(super) block_stats: Grow,
     pub(super) row_stats: Grow,
     pub(super) tasks: Grow,
@@ -63,11 +114,9 @@ impl Workspace {
         use wgpu::BufferUsages as U;
         let storage = U::STORAGE | U::COPY_DST;
         Workspace {
-            params: Grow::new("specdec.params", U::UNIFORM | U::COPY_DST),
-            requests: Grow::new("specdec.requests", storage),
-            row_info: Grow::new("specdec.row_info", storage),
-            draft_ids: Grow::new("specdec.draft_ids", storage),
-            rates: Grow::new("specdec.rates", storage),
+            meta: Grow::new("specdec.meta", storage | U::UNIFORM),
+            meta_at: MetaLayout::default(),
+            tree_table: Grow::new("specdec.tree_table", storage),
             block_stats: Grow::new("specdec.block_stats", storage),
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
@@ -80,6 +129,25 @@ impl Workspace {
             readback: Grow::new("specdec.readback", U::MAP_READ | U::COPY_DST),
             upload_target: Grow::new("specdec.upload_target", storage),
             upload_draft: Grow::new("specdec.upload_draft", storage),
+        }
+    }
+}
+
+impl Workspace {
+    /// One part of the metadata as a buffer binding.
+    pub(super) fn meta_part(&self, part: (u64, u64)) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding {
+            buffer: self.meta.get(),
+            offset: part.0,
+            size: std::num::NonZeroU64::new(part.1),
+        }
+    }
+
+    /// A bind group entry over one part of the metadata.
+    pub(super) fn meta_entry(&self, binding: u32, part: (u64, u64)) -> wgpu::BindGroupEntry<'_> {
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(self.meta_part(part)),
         }
     }
 }
@@ -117,11 +185,15 @@ impl GpuBackend {
         let dev = &self.device;
         let n = shape.n;
         let slots = (shape.windows.len() + shape.cut.group_slots).max(1);
-        ws.params.ensure(dev, shape.slot_size * slots as u64);
-        ws.requests.ensure(dev, (n * 64) as u64);
-        ws.row_info.ensure(dev, (plan.total_rows * 16) as u64);
-        ws.draft_ids.ensure(dev, (plan.total_drafts * 4) as u64);
-        ws.rates.ensure(dev, (plan.rates.len() * 4) as u64);
+        ws.meta_at = MetaLayout::new(
+            shape.align.max(shape.slot_size),
+            shape.slot_size * slots as u64,
+            (n * 64) as u64,
+            (plan.total_rows * 16) as u64,
+            (plan.total_drafts * 4) as u64,
+            (plan.rates.len() * 4) as u64,
+        );
+        ws.meta.ensure(dev, ws.meta_at.end());
         ws.block_stats.ensure(
             dev,
             plan.total_rows as u64 * u64::from(shape.num_chunks) * 48,
