@@ -74,6 +74,14 @@ fn batch(seed: u64, v: usize, n: usize) -> (Owned, Vec<Controls>) {
     (o, controls)
 }
 
+/// How many of two equally long lists of cut-offs differ in their bits.
+fn bit_differences(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// Compares every row's cut-off with the reference; returns (rows checked, ambiguous rows).
 fn check_against_reference(v: &Verifier, o: &Owned, controls: &[Controls]) -> (usize, usize) {
     let cuts = v.cutoffs_blocking(&o.batch()).expect("cutoffs");
@@ -153,11 +161,7 @@ fn gpu_cutoffs_equal_the_twin() {
         let (o, _) = batch(300 + i as u64, vocab, 60);
         let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
         let b = g.cutoffs_blocking(&o.batch()).unwrap();
-        let differ = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
+        let differ = bit_differences(&a, &b);
         assert_eq!(
             differ,
             0,
@@ -185,11 +189,7 @@ fn gpu_cutoffs_do_not_depend_on_the_split() {
     let (o, _) = batch(400, vocab, 24);
     let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
     let b = split.cutoffs_blocking(&o.batch()).unwrap();
-    let differ = a
-        .iter()
-        .zip(&b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count();
+    let differ = bit_differences(&a, &b);
     assert_eq!(differ, 0, "{differ} of {} cut-offs differ", a.len());
 }
 
@@ -222,11 +222,7 @@ fn gpu_cutoffs_with_the_largest_slices_equal_the_twin() {
     }
     let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
     let b = big.cutoffs_blocking(&o.batch()).unwrap();
-    let differ = a
-        .iter()
-        .zip(&b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count();
+    let differ = bit_differences(&a, &b);
     assert_eq!(
         differ,
         0,
