@@ -40,10 +40,11 @@ impl GpuBackend {
     ) -> Vec<wgpu::BindGroup> {
         rows.iter()
             .map(|r| {
-                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("specdec.block_mass"),
-                    layout: &self.layouts[&Kernel::BlockMass],
-                    entries: &[
+                self.bind_group(
+                    ws,
+                    Kernel::BlockMass,
+                    "specdec.block_mass",
+                    &[
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
@@ -56,7 +57,7 @@ impl GpuBackend {
                         entry(6, ws.cutoffs.get()),
                         entry(7, ws.masses.get()),
                     ],
-                })
+                )
             })
             .collect()
     }

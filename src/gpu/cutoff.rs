@@ -162,10 +162,11 @@ impl GpuBackend {
         }
         rows.iter()
             .map(|r| {
-                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("specdec.cutoff"),
-                    layout: &self.layouts[&Kernel::Cutoff],
-                    entries: &[
+                self.bind_group(
+                    ws,
+                    Kernel::Cutoff,
+                    "specdec.cutoff",
+                    &[
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
@@ -174,7 +175,7 @@ impl GpuBackend {
                         entry(5, ws.cutoffs.get()),
                         entry(6, ws.cut_state.get()),
                     ],
-                })
+                )
             })
             .collect()
     }

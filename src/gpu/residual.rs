@@ -45,10 +45,11 @@ impl GpuBackend {
     ) -> Vec<wgpu::BindGroup> {
         rows.iter()
             .map(|r| {
-                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("specdec.residual_argmax"),
-                    layout: &self.layouts[&Kernel::ResidualArgmax],
-                    entries: &[
+                self.bind_group(
+                    ws,
+                    Kernel::ResidualArgmax,
+                    "specdec.residual_argmax",
+                    &[
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
@@ -59,7 +60,7 @@ impl GpuBackend {
                         entry(7, ws.out.get()),
                         entry(8, ws.cutoffs.get()),
                     ],
-                })
+                )
             })
             .collect()
     }

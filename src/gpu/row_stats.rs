@@ -84,10 +84,11 @@ impl GpuBackend {
     ) -> Vec<wgpu::BindGroup> {
         rows.iter()
             .map(|r| {
-                self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("specdec.row_stats"),
-                    layout: &self.layouts[&Kernel::RowStats],
-                    entries: &[
+                self.bind_group(
+                    ws,
+                    Kernel::RowStats,
+                    "specdec.row_stats",
+                    &[
                         params_entry(ws),
                         r.target(),
                         r.draft(&self.dummy),
@@ -98,7 +99,7 @@ impl GpuBackend {
                         r.draft_vec4(&self.dummy),
                         entry(8, ws.cutoffs.get()),
                     ],
-                })
+                )
             })
             .collect()
     }

@@ -41,10 +41,11 @@ impl GpuBackend {
         tables: [wgpu::BufferBinding<'_>; 3],
     ) -> wgpu::BindGroup {
         let [ids, rates, masses] = tables.map(wgpu::BindingResource::Buffer);
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("specdec.verify"),
-            layout: &self.layouts[&Kernel::Verify],
-            entries: &[
+        self.bind_group(
+            ws,
+            Kernel::Verify,
+            "specdec.verify",
+            &[
                 params_entry(ws),
                 ws.meta_entry(1, ws.meta_at.requests),
                 entry(2, ws.block_stats.get()),
@@ -64,7 +65,7 @@ impl GpuBackend {
                     resource: masses,
                 },
             ],
-        })
+        )
     }
 
     /// verify merges the same optional sums (raw, entropy) as row_stats leaves: the same

@@ -36,7 +36,22 @@ impl Grow {
     pub(super) fn get(&self) -> &wgpu::Buffer {
         self.buffer.as_ref().expect("ensured before use")
     }
+    /// Whether `b` is this buffer.
+    fn is(&self, b: &wgpu::Buffer) -> bool {
+        self.buffer.as_ref() == Some(b)
+    }
 }
+
+/// A bind group's identity: its kernel's layout and every buffer range it binds (binding,
+/// buffer, offset, size; `u64::MAX` for "to the end").
+#[derive(PartialEq, Eq)]
+pub(super) struct GroupKey {
+    kernel: crate::shaders::Kernel,
+    ranges: Vec<(u32, wgpu::Buffer, u64, u64)>,
+}
+
+/// Bind groups kept by a workspace (see `GpuBackend::bind_group`); cleared when it holds more.
+const MAX_KEPT_GROUPS: usize = 32;
 
 /// Where each part of a call's metadata sits in [`Workspace::meta`]: byte offset and size.
 #[derive(Clone, Copy, Debug, Default)]
@@ -96,6 +111,8 @@ pub(crate) struct Workspace {
     pub(super) meta_at: MetaLayout,
     /// A tree batch's node table (chains keep their draft ids in `meta`).
     pub(super) tree_table: Grow,
+    /// Bind groups of earlier calls over this workspace's own buffers, by what they bind.
+    groups: std::sync::Mutex<Vec<(GroupKey, wgpu::BindGroup)>>,
     pub(super) block_stats: Grow,
     pub(super) row_stats: Grow,
     pub(super) tasks: Grow,
@@ -117,6 +134,7 @@ impl Workspace {
             meta: Grow::new("specdec.meta", storage | U::UNIFORM),
             meta_at: MetaLayout::default(),
             tree_table: Grow::new("specdec.tree_table", storage),
+            groups: std::sync::Mutex::new(Vec::new()),
             block_stats: Grow::new("specdec.block_stats", storage),
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
@@ -134,6 +152,26 @@ impl Workspace {
 }
 
 impl Workspace {
+    /// Whether `b` is one of this workspace's buffers.
+    fn owns(&self, b: &wgpu::Buffer) -> bool {
+        [
+            &self.meta,
+            &self.tree_table,
+            &self.block_stats,
+            &self.row_stats,
+            &self.tasks,
+            &self.candidates,
+            &self.masses,
+            &self.cutoffs,
+            &self.cut_state,
+            &self.out,
+            &self.upload_target,
+            &self.upload_draft,
+        ]
+        .iter()
+        .any(|g| g.is(b))
+    }
+
     /// One part of the metadata as a buffer binding.
     pub(super) fn meta_part(&self, part: (u64, u64)) -> wgpu::BufferBinding<'_> {
         wgpu::BufferBinding {
@@ -153,6 +191,52 @@ impl Workspace {
 }
 
 impl GpuBackend {
+    /// A bind group for `kernel` over `entries` (buffer bindings only). When every buffer it
+    /// binds is the workspace's own or the backend's dummy, the group is kept in the workspace
+    /// and the next call that binds the same ranges reuses it: creating bind groups is host time
+    /// on every call, and a pooled workspace binds the same buffers call after call (a decode
+    /// loop of one batch shape binds the same ranges too). Groups over a caller's buffers are
+    /// made afresh each call and not kept, so a workspace never keeps a caller's buffer alive.
+    pub(super) fn bind_group(
+        &self,
+        ws: &Workspace,
+        kernel: crate::shaders::Kernel,
+        label: &'static str,
+        entries: &[wgpu::BindGroupEntry<'_>],
+    ) -> wgpu::BindGroup {
+        let ranges: Option<Vec<_>> = entries
+            .iter()
+            .map(|e| match &e.resource {
+                wgpu::BindingResource::Buffer(b)
+                    if ws.owns(b.buffer) || *b.buffer == self.dummy =>
+                {
+                    let size = b.size.map_or(u64::MAX, |s| s.get());
+                    Some((e.binding, b.buffer.clone(), b.offset, size))
+                }
+                _ => None,
+            })
+            .collect();
+        let key = ranges.map(|ranges| GroupKey { kernel, ranges });
+        let mut kept = ws.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = &key {
+            if let Some((_, g)) = kept.iter().find(|(held, _)| held == k) {
+                return g.clone();
+            }
+        }
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &self.layouts[&kernel],
+            entries,
+        });
+        if let Some(k) = key {
+            if kept.len() >= MAX_KEPT_GROUPS {
+                kept.clear();
+            }
+            kept.push((k, group.clone()));
+        }
+        group
+    }
+
     pub(crate) fn take_workspace(&self) -> Workspace {
         self.pool
             .lock()
