@@ -73,6 +73,14 @@ pub(crate) fn ranged(
     }
 }
 
+/// A bind group entry over the range `b` describes.
+pub(super) fn bound(binding: u32, b: wgpu::BufferBinding<'_>) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(b),
+    }
+}
+
 /// Runs `f` inside validation and out-of-memory error scopes and turns a captured error into
 /// `Error::Gpu` (wgpu's default handler would panic the host app).
 ///

@@ -3,7 +3,7 @@
 //! `R_j = Σ_y max(ρ_j p_{j+1}(y) − q_{j+1}(y), 0)`. Reads the caller's rows, requests, row_info,
 //! verify's row statistics and the cut-offs; writes `masses` for verify's `block_settle`.
 
-use super::bindings::{entry, params_entry, with_params};
+use super::bindings::{bound, entry, params_entry, with_params};
 use super::shape::Shape;
 use super::windows::WindowRows;
 use super::workspace::Workspace;
@@ -49,10 +49,7 @@ impl GpuBackend {
                         r.target(),
                         r.draft(&self.dummy),
                         ws.meta_entry(3, ws.meta_at.requests),
-                        wgpu::BindGroupEntry {
-                            binding: 4,
-                            resource: wgpu::BindingResource::Buffer(table.clone()),
-                        },
+                        bound(4, table.clone()),
                         entry(5, ws.row_stats.get()),
                         entry(6, ws.cutoffs.get()),
                         entry(7, ws.masses.get()),

@@ -4,7 +4,7 @@
 //! the per-row statistics to `row_stats` and the residual tasks to `tasks`. Its `block_settle`
 //! entry takes the joint decision of block requests once block_mass has their masses.
 
-use super::bindings::{entry, params_entry, with_params};
+use super::bindings::{bound, entry, params_entry, with_params};
 use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW};
 use super::shape::Shape;
 use super::workspace::Workspace;
@@ -40,7 +40,7 @@ impl GpuBackend {
         ws: &Workspace,
         tables: [wgpu::BufferBinding<'_>; 3],
     ) -> wgpu::BindGroup {
-        let [ids, rates, masses] = tables.map(wgpu::BindingResource::Buffer);
+        let [ids, rates, masses] = tables;
         self.bind_group(
             ws,
             Kernel::Verify,
@@ -49,21 +49,12 @@ impl GpuBackend {
                 params_entry(ws),
                 ws.meta_entry(1, ws.meta_at.requests),
                 entry(2, ws.block_stats.get()),
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: ids,
-                },
-                wgpu::BindGroupEntry {
-                    binding: 4,
-                    resource: rates,
-                },
+                bound(3, ids),
+                bound(4, rates),
                 entry(5, ws.tasks.get()),
                 entry(6, ws.out.get()),
                 entry(7, ws.row_stats.get()),
-                wgpu::BindGroupEntry {
-                    binding: 8,
-                    resource: masses,
-                },
+                bound(8, masses),
             ],
         )
     }

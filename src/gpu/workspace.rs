@@ -149,9 +149,7 @@ impl Workspace {
             upload_draft: Grow::new("specdec.upload_draft", storage),
         }
     }
-}
 
-impl Workspace {
     /// Whether `b` is one of this workspace's buffers.
     fn owns(&self, b: &wgpu::Buffer) -> bool {
         [
@@ -183,10 +181,7 @@ impl Workspace {
 
     /// A bind group entry over one part of the metadata.
     pub(super) fn meta_entry(&self, binding: u32, part: (u64, u64)) -> wgpu::BindGroupEntry<'_> {
-        wgpu::BindGroupEntry {
-            binding,
-            resource: wgpu::BindingResource::Buffer(self.meta_part(part)),
-        }
+        super::bindings::bound(binding, self.meta_part(part))
     }
 }
 

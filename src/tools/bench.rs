@@ -582,7 +582,7 @@ impl GpuBench {
         let kernels_us = self
             .timed(cfg, &gpu_batch, 4, &|qs, i| crate::Timestamps::PerKernel {
                 query_set: qs,
-                first: 8 * i,
+                first: QUERIES_PER_CALL * i,
             })?
             .map(|m| [m[0], m[1], m[2], m[3]]);
         let host_us = median(&mut host);
@@ -807,7 +807,12 @@ impl GpuBench {
     }
 }
 
-/// The query set (8 timestamps per call, `reps` calls) and its resolve and readback buffers.
+/// Timestamp queries each timed call may take: a begin and an end for each of the four per-kernel
+/// passes (`Timestamps::PerKernel`).
+const QUERIES_PER_CALL: u32 = 8;
+
+/// The query set (`QUERIES_PER_CALL` timestamps per call, `reps` calls) and its resolve and
+/// readback buffers.
 fn timestamp_buffers(
     device: &wgpu::Device,
     reps: usize,
@@ -817,10 +822,11 @@ fn timestamp_buffers(
         device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("bench.timestamps"),
             ty: wgpu::QueryType::Timestamp,
-            count: 8 * reps.max(1) as u32,
+            count: QUERIES_PER_CALL * reps.max(1) as u32,
         })
     });
-    let q_bytes = 64 * reps.max(1) as u64;
+    // 8 bytes per timestamp.
+    let q_bytes = 8 * u64::from(QUERIES_PER_CALL) * reps.max(1) as u64;
     let resolve = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("bench.resolve"),
         size: q_bytes,
@@ -1781,9 +1787,9 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
     if cfg.reps == 0 {
         return Err("--reps 0: at least 1 timed call per point".into());
     }
-    // Each timed call takes 8 timestamp queries of one query set, which holds at most
-    // wgpu::QUERY_SET_MAX_QUERIES.
-    let max_reps = (wgpu::QUERY_SET_MAX_QUERIES / 8) as usize;
+    // Each timed call takes QUERIES_PER_CALL timestamp queries of one query set, which holds at
+    // most wgpu::QUERY_SET_MAX_QUERIES.
+    let max_reps = (wgpu::QUERY_SET_MAX_QUERIES / QUERIES_PER_CALL) as usize;
     if cfg.reps > max_reps {
         return Err(format!(
             "--reps {}: at most {max_reps} timed calls per point",
