@@ -24,12 +24,18 @@
 // Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
-var<workgroup> sh_rk: array<f32, MAX_WG>;
-var<workgroup> sh_ri: array<u32, MAX_WG>;
-var<workgroup> sh_pk: array<f32, MAX_WG>;
-var<workgroup> sh_pi: array<u32, MAX_WG>;
-var<workgroup> sh_rl: array<f32, MAX_WG>;
-var<workgroup> sh_pl: array<f32, MAX_WG>;
+// The largest r and p keys any lane of the workgroup holds so far, as bits (keys are >= +0, so
+// their bits order as the keys do). Each lane filters its entries against them: with a lane's
+// own best alone, each lane's first few dozen entries nearly always set a new best, and a warp
+// pays the log and divisions whenever one of its lanes does. Read without a barrier: any value
+// read is a key some entry reached, so a stale one only filters less.
+var<workgroup> bound_r: atomic<u32>;
+var<workgroup> bound_p: atomic<u32>;
+// The lowest entry index holding each bound at the end, and its logit.
+var<workgroup> win_r: atomic<u32>;
+var<workgroup> win_p: atomic<u32>;
+var<workgroup> win_rl: f32;
+var<workgroup> win_pl: f32;
 
 // Larger key wins; equal keys go to the lower index.
 fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
@@ -117,7 +123,9 @@ fn load_draft4(base: u32, y: u32) -> vec4<f32> {
 }
 
 // One entry of the exponential race: keys r(y)/e_y and p(y)/e_y against the best so far.
-fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32) -> Candidate {
+// `floor_r` / `floor_p` are keys another lane of the workgroup has already reached: an entry
+// that cannot beat them cannot win the block either, so it is settled without the log.
+fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32, floor_r: f32, floor_p: f32) -> Candidate {
     var best = best_in;
     let ninf = bitcast<f32>(NEG_INF_BITS);
     let p = exp((select(l, ninf, l < c.cut) - c.st.t_max) * c.inv_t) * c.inv_sum;
@@ -139,8 +147,8 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32)
     // settled with one multiply and never evaluate the log (the twin applies the same rule).
     let w = w_from_bits(bits);
     // (An excluded tree token has residual 0: the twin zeroes it before this test.)
-    let r_may = res > 0.0 && res > best.r_key * w && !(c.excl_count > 0u && excluded(c, y));
-    let p_may = p > 0.0 && p > best.p_key * w;
+    let r_may = res > 0.0 && res > max(best.r_key, floor_r) * w && !(c.excl_count > 0u && excluded(c, y));
+    let p_may = p > 0.0 && p > max(best.p_key, floor_p) * w;
     if (r_may || p_may) {
         let e = exp1_from_w(w);
         let rk = res / e;
@@ -215,6 +223,15 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
     }
     let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, rho, q_logits, task.kind, task.draft_token, cut, dcut, excl_at, excl_count);
+    if (lane == 0u) {
+        atomicStore(&bound_r, 0u);
+        atomicStore(&bound_p, 0u);
+        atomicStore(&win_r, NO_INDEX);
+        atomicStore(&win_p, NO_INDEX);
+        win_rl = 0.0;
+        win_pl = 0.0;
+    }
+    workgroupBarrier();
     // block_len is a multiple of 4, so each group of 4 starts on a Philox quad boundary. The
     // loads go out first; the Philox rounds then overlap their latency.
     for (var g = begin + 4u * lane; g < end; g += 4u * WG) {
@@ -224,40 +241,44 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             dv = load_draft4(d_base, g);
         }
         let words = random_words(info, pos, stream, g / 4u);
-        best = race_step(best, ctx, g, l.x, dv.x, words.x);
-        best = race_step(best, ctx, g + 1u, l.y, dv.y, words.y);
-        best = race_step(best, ctx, g + 2u, l.z, dv.z, words.z);
-        best = race_step(best, ctx, g + 3u, l.w, dv.w, words.w);
-    }
-    let best_rk = best.r_key;
-    let best_ri = best.r_idx;
-    let best_pk = best.p_key;
-    let best_pi = best.p_idx;
-    sh_rk[lane] = best_rk;
-    sh_ri[lane] = best_ri;
-    sh_pk[lane] = best_pk;
-    sh_pi[lane] = best_pi;
-    sh_rl[lane] = best.r_logit;
-    sh_pl[lane] = best.p_logit;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            let o = lane + stride;
-            if (better(sh_rk[o], sh_ri[o], sh_rk[lane], sh_ri[lane])) {
-                sh_rk[lane] = sh_rk[o];
-                sh_ri[lane] = sh_ri[o];
-                sh_rl[lane] = sh_rl[o];
-            }
-            if (better(sh_pk[o], sh_pi[o], sh_pk[lane], sh_pi[lane])) {
-                sh_pk[lane] = sh_pk[o];
-                sh_pi[lane] = sh_pi[o];
-                sh_pl[lane] = sh_pl[o];
-            }
+        let floor_r = bitcast<f32>(atomicLoad(&bound_r));
+        let floor_p = bitcast<f32>(atomicLoad(&bound_p));
+        best = race_step(best, ctx, g, l.x, dv.x, words.x, floor_r, floor_p);
+        best = race_step(best, ctx, g + 1u, l.y, dv.y, words.y, floor_r, floor_p);
+        best = race_step(best, ctx, g + 2u, l.z, dv.z, words.z, floor_r, floor_p);
+        best = race_step(best, ctx, g + 3u, l.w, dv.w, words.w, floor_r, floor_p);
+        if (best.r_key > floor_r) {
+            atomicMax(&bound_r, bitcast<u32>(best.r_key));
         }
-        workgroupBarrier();
+        if (best.p_key > floor_p) {
+            atomicMax(&bound_p, bitcast<u32>(best.p_key));
+        }
     }
+    // The block's winner: the largest key is already in the bounds (every lane published its
+    // best), so only the lowest index holding it is left to find, then its logit.
+    workgroupBarrier();
+    let top_r = atomicLoad(&bound_r);
+    let top_p = atomicLoad(&bound_p);
+    let holds_r = bitcast<u32>(best.r_key) == top_r;
+    let holds_p = bitcast<u32>(best.p_key) == top_p;
+    if (holds_r) {
+        atomicMin(&win_r, best.r_idx);
+    }
+    if (holds_p) {
+        atomicMin(&win_p, best.p_idx);
+    }
+    workgroupBarrier();
+    let idx_r = atomicLoad(&win_r);
+    let idx_p = atomicLoad(&win_p);
+    if (holds_r && best.r_idx == idx_r && idx_r != NO_INDEX) {
+        win_rl = best.r_logit;
+    }
+    if (holds_p && best.p_idx == idx_p && idx_p != NO_INDEX) {
+        win_pl = best.p_logit;
+    }
+    workgroupBarrier();
     if (lane == 0u && in_window) {
-        candidates[r * params.num_blocks + block_id] = Candidate(sh_rk[0], sh_ri[0], sh_pk[0], sh_pi[0], sh_rl[0], sh_pl[0], 0u, 0u);
+        candidates[r * params.num_blocks + block_id] = Candidate(bitcast<f32>(top_r), idx_r, bitcast<f32>(top_p), idx_p, win_rl, win_pl, 0u, 0u);
     }
 }
 
