@@ -282,12 +282,12 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
 }
 
-var<workgroup> mk_r: array<f32, 64>;
-var<workgroup> mi_r: array<u32, 64>;
-var<workgroup> mk_p: array<f32, 64>;
-var<workgroup> mi_p: array<u32, 64>;
-var<workgroup> ml_r: array<f32, 64>;
-var<workgroup> ml_p: array<f32, 64>;
+var<workgroup> m_key_r: atomic<u32>;
+var<workgroup> m_key_p: atomic<u32>;
+var<workgroup> m_idx_r: atomic<u32>;
+var<workgroup> m_idx_p: atomic<u32>;
+var<workgroup> m_logit_r: f32;
+var<workgroup> m_logit_p: f32;
 
 // Writes the logprobs of output slot `slot` when the output has the logprob regions (as in
 // verify.wgsl).
@@ -300,65 +300,73 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
     out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
 }
 
-// One workgroup of 64 per request: the lanes load the block candidates in parallel, then fold as
-// a tree (the argmax with lowest-index ties does not depend on the order).
+// One workgroup of 64 per request: the lanes load the block candidates in parallel, each keeps
+// the best of its share, and the workgroup takes the largest key and then the lowest index
+// holding it through atomics (the argmax with lowest-index ties does not depend on the order).
+// Every load goes out before anything waits on another: the candidates do not wait for the task,
+// and lane 0 fetches the request and its row statistics while the others fold.
 @compute @workgroup_size(64)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
+    if (lane == 0u) {
+        atomicStore(&m_key_r, 0u);
+        atomicStore(&m_key_p, 0u);
+        atomicStore(&m_idx_r, NO_INDEX);
+        atomicStore(&m_idx_p, NO_INDEX);
+        m_logit_r = 0.0;
+        m_logit_p = 0.0;
+    }
     let task = tasks[r];
+    let info = requests[r];
+    let st = row_stats[select(0u, info.row_offset + task.local_row, task.kind != TASK_NONE)];
     var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
-    if (task.kind != TASK_NONE) {
-        for (var b = lane; b < params.num_blocks; b += 64u) {
-            let c = candidates[r * params.num_blocks + b];
-            if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
-                best.r_key = c.r_key;
-                best.r_idx = c.r_idx;
-                best.r_logit = c.r_logit;
-            }
-            if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
-                best.p_key = c.p_key;
-                best.p_idx = c.p_idx;
-                best.p_logit = c.p_logit;
-            }
+    for (var b = lane; b < params.num_blocks; b += 64u) {
+        let c = candidates[r * params.num_blocks + b];
+        if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
+            best.r_key = c.r_key;
+            best.r_idx = c.r_idx;
+            best.r_logit = c.r_logit;
+        }
+        if (better(c.p_key, c.p_idx, best.p_key, best.p_idx)) {
+            best.p_key = c.p_key;
+            best.p_idx = c.p_idx;
+            best.p_logit = c.p_logit;
         }
     }
-    mk_r[lane] = best.r_key;
-    mi_r[lane] = best.r_idx;
-    mk_p[lane] = best.p_key;
-    mi_p[lane] = best.p_idx;
-    ml_r[lane] = best.r_logit;
-    ml_p[lane] = best.p_logit;
     workgroupBarrier();
-    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            let o = lane + stride;
-            if (better(mk_r[o], mi_r[o], mk_r[lane], mi_r[lane])) {
-                mk_r[lane] = mk_r[o];
-                mi_r[lane] = mi_r[o];
-                ml_r[lane] = ml_r[o];
-            }
-            if (better(mk_p[o], mi_p[o], mk_p[lane], mi_p[lane])) {
-                mk_p[lane] = mk_p[o];
-                mi_p[lane] = mi_p[o];
-                ml_p[lane] = ml_p[o];
-            }
-        }
-        workgroupBarrier();
+    atomicMax(&m_key_r, bitcast<u32>(best.r_key));
+    atomicMax(&m_key_p, bitcast<u32>(best.p_key));
+    workgroupBarrier();
+    let holds_r = bitcast<u32>(best.r_key) == atomicLoad(&m_key_r);
+    let holds_p = bitcast<u32>(best.p_key) == atomicLoad(&m_key_p);
+    if (holds_r) {
+        atomicMin(&m_idx_r, best.r_idx);
     }
+    if (holds_p) {
+        atomicMin(&m_idx_p, best.p_idx);
+    }
+    workgroupBarrier();
+    let idx_r = atomicLoad(&m_idx_r);
+    let idx_p = atomicLoad(&m_idx_p);
+    if (holds_r && best.r_idx == idx_r && idx_r != NO_INDEX) {
+        m_logit_r = best.r_logit;
+    }
+    if (holds_p && best.p_idx == idx_p && idx_p != NO_INDEX) {
+        m_logit_p = best.p_logit;
+    }
+    workgroupBarrier();
     if (lane != 0u || task.kind == TASK_NONE) {
         return;
     }
-    var token = mi_r[0];
-    var logit = ml_r[0];
+    var token = idx_r;
+    var logit = m_logit_r;
     if (token == NO_INDEX) {
         // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
-        token = mi_p[0];
-        logit = ml_p[0];
+        token = idx_p;
+        logit = m_logit_p;
         let status_idx = params.num_requests * params.out_stride + params.num_requests + r;
         out_words[status_idx] = out_words[status_idx] | STATUS_EMPTY_RESIDUAL;
     }
-    let info = requests[r];
-    let st = row_stats[info.row_offset + task.local_row];
     if (token == NO_INDEX) {
         token = st.t_arg;
         logit = st.t_max;
