@@ -60,8 +60,9 @@ const PARAM_TREE: u32 = 256u;
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
 // order (row_stats.wgsl push4 says how a group is added), the lanes fold as a tree, and the chunk
-// partials of a row fold in chunk order. The order of every
-// float operation is fixed by these constants alone, never by the batch or the workgroup count,
+// partials of a row fold in runs of max(8, ceil(chunks / 8)) consecutive chunks, each run in chunk
+// order, then the runs in run order (verify.wgsl run_len). The order of every float operation is
+// fixed by these constants and the vocabulary alone, never by the batch or the workgroup count,
 // so sums (hence p(d)) do not depend on the batch, and the CPU twin reproduces them.
 const CHUNK: u32 = 4096u;
 const CHUNK_LANES: u32 = 64u;

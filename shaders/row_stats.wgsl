@@ -7,7 +7,7 @@
 // keeps an online (max, Σexp, argmax) over its 64 entries, four at a time (push4), the lanes
 // fold as a tree (lane i takes
 // lane i+s for s = 32 .. 1), and lane 0 writes the chunk's RowStats. The merge of the chunks of a
-// row (in chunk order) happens in the verify kernel. Rows whose logits start on 16-byte
+// row (in runs of chunks, common.wgsl) happens in the verify kernel. Rows whose logits start on 16-byte
 // boundaries are read with 16-byte loads (PARAM_VEC4); the order of operations is the same.
 // Half-precision target rows with no filters (PLAIN_F16 / PLAIN_BF16) take half_chunks: one
 // 16-byte load is 8 entries, two lanes' groups, and each invocation plays those two lanes (the

@@ -1,8 +1,8 @@
 // verify — merges each row's chunk statistics, then verifies the request (SPEC §3 rules 1–6).
 // CPU twin: src/cpu/verify.rs. Pipeline labels: specdec.verify.main / .block_settle.
 // One workgroup of 64 per request. Each row's decision depends on that row alone, so the lanes
-// take the rows in parallel: merge the chunk partials (in chunk order, the statistics contract of
-// common.wgsl) into `row_stats`, decide the draft, and record the first rejection with an atomic
+// take the rows in parallel: merge the chunk partials (in runs of chunks, the statistics contract
+// of common.wgsl; a lane per run, then a lane per row) into `row_stats`, decide the draft, and record the first rejection with an atomic
 // minimum. Then lane 0 settles the row where the request stopped. The kernel never reads the
 // logits, so its cost does not grow with the vocabulary.
 //
@@ -77,15 +77,19 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
     return acc;
 }
 
-// Folds the chunk partials of `row` in chunk order; the drafted token's values come from the
-// chunk that holds it. Loads go out 4 at a time (named values) before they are folded, so a row
-// costs a few memory latencies, not one per chunk.
-fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
+// Chunks per run of a row's fold (the statistics contract, common.wgsl): at least 8, and at
+// most 8 runs per row.
+fn run_len() -> u32 {
+    return max(8u, (params.num_chunks + 7u) / 8u);
+}
+
+// Folds chunk partials [c0, c1) of `row` in chunk order. Loads go out 4 at a time (named
+// values) before they are folded, so a run costs a few memory latencies, not one per chunk.
+fn fold_run(row: u32, c0: u32, c1: u32, with_sum: bool, inv_t: f32) -> RowStats {
     let base = row * params.num_chunks;
-    let n = params.num_chunks;
-    var acc = chunk_stats[base];
-    var c = 1u;
-    for (; c + 4u <= n; c += 4u) {
+    var acc = chunk_stats[base + c0];
+    var c = c0 + 1u;
+    for (; c + 4u <= c1; c += 4u) {
         let o0 = chunk_stats[base + c];
         let o1 = chunk_stats[base + c + 1u];
         let o2 = chunk_stats[base + c + 2u];
@@ -95,8 +99,21 @@ fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
         acc = fold(acc, o2, with_sum, inv_t);
         acc = fold(acc, o3, with_sum, inv_t);
     }
-    for (; c < n; c += 1u) {
+    for (; c < c1; c += 1u) {
         acc = fold(acc, chunk_stats[base + c], with_sum, inv_t);
+    }
+    return acc;
+}
+
+// Merges the chunk partials of `row` on one lane: each run in chunk order, then the runs in run
+// order (the order `main` reaches with a lane per run). The drafted token's values come from the
+// chunk that holds it.
+fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
+    let n = params.num_chunks;
+    let run = run_len();
+    var acc = fold_run(row, 0u, min(run, n), with_sum, inv_t);
+    for (var c0 = run; c0 < n; c0 += run) {
+        acc = fold(acc, fold_run(row, c0, min(c0 + run, n), with_sum, inv_t), with_sum, inv_t);
     }
     return finish_row(acc, row, drafted);
 }
@@ -312,8 +329,8 @@ var<workgroup> any_nonfinite: atomic<u32>;
 // holding it and the flags, none of which depends on the order of the merge. So their rows
 // merge in parallel: every lane takes some of the request's chunk partials, the row's maximum
 // is an atomic max over order-preserving keys, its index an atomic min over the partials that
-// hold it. Two rounds of loads and three barriers, where the fold in chunk order waits out a
-// memory latency per four chunks for each row.
+// hold it. Two rounds of loads and three barriers, where the ordered fold waits out a memory
+// latency per four chunks of a run, then folds the runs.
 var<workgroup> g_key: array<atomic<u32>, 64>;
 var<workgroup> g_arg: array<atomic<u32>, 64>;
 var<workgroup> g_flags: array<atomic<u32>, 64>;
@@ -371,6 +388,9 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
     }
 }
 
+// One row-run fold per lane of `main` (rows × runs at a time, runs ≤ 8).
+var<workgroup> run_sh: array<RowStats, 64>;
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
@@ -389,13 +409,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (req.y != 0u) {
         merge_greedy_rows(info, lane, req.x);
     }
-    // Otherwise every row in parallel: merge its chunks in chunk order, decide its draft. (A loop
-    // guarded by `req.y == 0u`, not an else branch: written as if/else, the H200's verify ran
-    // 1.11x slower for sampled requests, benches/results/nvidia-h200-vulkan-verify-loop-form-*.)
-    for (var i = lane; i <= k && req.y == 0u; i += 64u) {
-        let drafted = drafted_at(info, i);
-        let st = merge_row(info.row_offset + i, drafted, !greedy, info.inv_temperature);
-        record_row(info, i, st, drafted, params.draft_kind == DRAFT_LOGITS);
+    // Otherwise a lane per run of chunks, then a lane per row folds its runs and decides its
+    // draft. (Loops guarded by `req.y == 0u`, not an else branch: written as if/else, the H200's
+    // verify ran 1.11x slower for sampled requests,
+    // benches/results/nvidia-h200-vulkan-verify-loop-form-*.)
+    let n = params.num_chunks;
+    let run = run_len();
+    let runs = (n + run - 1u) / run;
+    let rows_per = 64u / runs;
+    for (var first = 0u; first < req.x && req.y == 0u; first += rows_per) {
+        let i = first + lane / runs;
+        let c0 = (lane % runs) * run;
+        if (lane < rows_per * runs && i <= k) {
+            run_sh[lane] = fold_run(info.row_offset + i, c0, min(c0 + run, n), !greedy, info.inv_temperature);
+        }
+        workgroupBarrier();
+        let own = first + lane;
+        if (lane < rows_per && own <= k) {
+            var acc = run_sh[lane * runs];
+            for (var j = 1u; j < runs; j += 1u) {
+                acc = fold(acc, run_sh[lane * runs + j], !greedy, info.inv_temperature);
+            }
+            let drafted = drafted_at(info, own);
+            let st = finish_row(acc, info.row_offset + own, drafted);
+            record_row(info, own, st, drafted, params.draft_kind == DRAFT_LOGITS);
+        }
+        workgroupBarrier();
     }
     storageBarrier();
     workgroupBarrier();

@@ -291,32 +291,54 @@ pub fn chunk(input: &RowInput<'_>, chunk: usize) -> RowStats {
     out
 }
 
-/// Folds a row's chunk statistics in chunk order, as the verify kernel does.
+/// Chunks per run of a row's fold for a row of `chunks` chunks: at least 8, and at most 8 runs
+/// (the statistics contract; `run_len` in verify.wgsl).
+fn run_len(chunks: usize) -> usize {
+    8.max(chunks.div_ceil(8))
+}
+
+/// Folds `o` into `acc`, `acc` holding the chunks before `o` (verify.wgsl `fold`).
+fn fold(acc: &mut RowStats, o: &RowStats, with_sum: bool, inv_t: f32) {
+    let m_new = acc.t_max.max(o.t_max);
+    if with_sum {
+        acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t)
+            + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
+        acc.t_sum =
+            rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
+    }
+    if takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg) {
+        acc.t_arg = o.t_arg;
+    }
+    acc.t_max = m_new;
+    let qm_new = acc.q_max.max(o.q_max);
+    acc.q_sum =
+        rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
+    acc.q_max = qm_new;
+    let wm_new = acc.raw_max.max(o.raw_max);
+    acc.raw_sum =
+        rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0) + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
+    acc.raw_max = wm_new;
+    acc.flags |= o.flags;
+}
+
+/// Folds a row's chunk statistics as the verify kernel does: runs of `run_len` consecutive
+/// chunks, each folded in chunk order, then the runs' results in run order. (The two levels let
+/// the GPU fold the runs on parallel lanes: a chain of at most run_len + 7 dependent folds
+/// instead of one per chunk.)
 pub fn merge(chunks: &[RowStats], input: &RowInput<'_>) -> RowStats {
     let with_sum = !input.greedy;
     let inv_t = input.inv_t;
-    let mut acc = chunks[0];
-    for o in &chunks[1..] {
-        let m_new = acc.t_max.max(o.t_max);
-        if with_sum {
-            acc.t_ent = rescale_ent(acc.t_max, acc.t_sum, acc.t_ent, m_new, inv_t)
-                + rescale_ent(o.t_max, o.t_sum, o.t_ent, m_new, inv_t);
-            acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t)
-                + rescale(o.t_max, o.t_sum, m_new, inv_t);
+    let run_of = |run: &[RowStats]| {
+        let mut acc = run[0];
+        for o in &run[1..] {
+            fold(&mut acc, o, with_sum, inv_t);
         }
-        if takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg) {
-            acc.t_arg = o.t_arg;
-        }
-        acc.t_max = m_new;
-        let qm_new = acc.q_max.max(o.q_max);
-        acc.q_sum =
-            rescale(acc.q_max, acc.q_sum, qm_new, inv_t) + rescale(o.q_max, o.q_sum, qm_new, inv_t);
-        acc.q_max = qm_new;
-        let wm_new = acc.raw_max.max(o.raw_max);
-        acc.raw_sum = rescale(acc.raw_max, acc.raw_sum, wm_new, 1.0)
-            + rescale(o.raw_max, o.raw_sum, wm_new, 1.0);
-        acc.raw_max = wm_new;
-        acc.flags |= o.flags;
+        acc
+    };
+    let mut runs = chunks.chunks(run_len(chunks.len())).map(run_of);
+    let mut acc = runs.next().expect("a row has at least one chunk");
+    for o in runs {
+        fold(&mut acc, &o, with_sum, inv_t);
     }
     if acc.t_arg == NO_INDEX {
         acc.t_arg = 0;
