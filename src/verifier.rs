@@ -466,6 +466,7 @@ impl Verifier {
                 ids,
             };
             if let Err(e) = g.record(encoder, &mut ws, &plan, src, timestamps) {
+                ws.forget_groups();
                 g.give_back(ws);
                 return Err(e);
             }

@@ -150,6 +150,16 @@ impl Workspace {
         }
     }
 
+    /// Drops the kept bind groups: after a recording failed, one of them may be a group whose
+    /// creation failed validation, and reusing it would fail the next call that binds the same
+    /// ranges.
+    pub(crate) fn forget_groups(&self) {
+        self.groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
     /// Whether `b` is one of this workspace's buffers.
     fn owns(&self, b: &wgpu::Buffer) -> bool {
         [
