@@ -267,6 +267,37 @@ fn selftest_passes_on_the_gpu() {
     assert!(t.contains("11 passed, 0 failed"), "{t}");
 }
 
+/// The GPU bench's dispatch-chain floor line: for 1 and 256 workgroups, a positive GPU time for
+/// each of 1 to 4 dependent dispatches.
+fn assert_chain_floor(out: &str) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("dispatch-chain floor: "))
+        .unwrap_or_else(|| panic!("no dispatch-chain floor line:\n{out}"));
+    for (part, wg) in line.split("; ").zip(["1 workgroup ", "256 workgroups "]) {
+        assert!(part.contains(wg), "{line}");
+        let times = part
+            .split(": ")
+            .last()
+            .unwrap()
+            .trim_end_matches(" (dispatches µs)");
+        let pairs: Vec<(u32, f64)> = times
+            .trim_end_matches(" µs")
+            .split(" / ")
+            .map(|p| {
+                let (n, t) = p.split_once(' ').unwrap_or_else(|| panic!("{line}"));
+                (n.parse().unwrap(), t.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
+            [1, 2, 3, 4],
+            "{line}"
+        );
+        assert!(pairs.iter().all(|p| p.1 > 0.0), "{line}");
+    }
+}
+
 #[test]
 fn bench_runs_a_tiny_grid_on_both_backends() {
     let dir = std::env::temp_dir().join(format!("specdec-cli-bench-{}", std::process::id()));
@@ -298,6 +329,9 @@ fn bench_runs_a_tiny_grid_on_both_backends() {
             "{}",
             text(&o)
         );
+        if !args.contains(&"--cpu") {
+            assert_chain_floor(&text(&o));
+        }
     }
     let csvs: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()

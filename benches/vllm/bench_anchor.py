@@ -51,7 +51,7 @@ MODES = ["greedy", "random_with_draft_probs", "random_ngram", "random_with_draft
 IMPLS = ["vllm_v1", "vllm_mrv2"]
 COLUMNS = [
     "impl", "mode", "batch", "k", "vocab", "median_us", "graph_us", "bytes", "GBps",
-    "frac_of_copy_bw", "readback_us", "greedy_check", "accept_rate",
+    "frac_of_copy_bw", "readback_us", "greedy_check", "accept_rate", "kernels",
 ]
 
 
@@ -268,6 +268,33 @@ def time_point(fn, args, dev):
     return first, eager, readback, graph, gout
 
 
+def kernel_count(fn):
+    """CUDA kernels (and memsets / copies) one eager call launches, counted by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def chain_floor(args, dev):
+    """The CUDA-graph counterpart of specdec's dispatch-chain floor: the graph-replay time of 1-4
+    dependent in-place adds on a float32 tensor of one block (1 element) and of about 256 blocks
+    (131072 elements), timed as the samplers' graphs are. {blocks: [µs for 1, 2, 3, 4 kernels]}."""
+    out = {}
+    for blocks, n in ((1, 1), (256, 131072)):
+        x = torch.zeros(n, device=dev)
+        times = []
+        for kernels in range(1, 5):
+            def fn(x=x, kernels=kernels):
+                for _ in range(kernels):
+                    x.add_(1.0)
+                return x
+            times.append(time_point(fn, args, dev)[3])
+        out[blocks] = times
+    return out
+
+
 def copy_bandwidth(dev):
     n = 1 << 30
     a = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -411,6 +438,14 @@ def main():
     print(f"device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}; "
           f"1 GiB device copy {copy:.1f} GB/s (read+write)", flush=True)
 
+    if dev.type == "cuda" and not args.no_graph:
+        floor = chain_floor(args, dev)
+        meta["graph_chain_floor_us"] = floor
+        print("CUDA-graph kernel-chain floor: " + "; ".join(
+            f"{b} block{'s' if b > 1 else ''} per kernel: "
+            + " / ".join(f"{i + 1} {t:.2f}" for i, t in enumerate(ts)) + " us"
+            for b, ts in floor.items()) + " (kernels us)", flush=True)
+
     checks = []
     if not args.skip_correctness:
         for impl in args.impls:
@@ -449,6 +484,7 @@ def main():
                             continue
                         fn, nbytes = setup(impl, prob, mode, dev, 1000 + args.seed)
                         first, eager, readback, graph, gout = time_point(fn, args, dev)
+                        kernels = kernel_count(fn) if dev.type == "cuda" and R == 1 else ""
                         tokens = emitted(impl, first)
                         check = ""
                         if mode == "greedy":
@@ -461,7 +497,8 @@ def main():
                         gbps = nbytes / t_ref / 1e3
                         row = [impl, mode, R, k, V, f"{eager:.2f}", f"{graph:.2f}", nbytes,
                                f"{gbps:.1f}", f"{gbps / copy:.4f}" if copy == copy else "",
-                               f"{readback:.2f}", check, f"{accept_rate(tokens, k):.4f}"]
+                               f"{readback:.2f}", check, f"{accept_rate(tokens, k):.4f}",
+                               kernels]
                         f.write(",".join(str(x) for x in row) + "\n")
                         f.flush()
                         rows += 1

@@ -40,7 +40,8 @@ vllm_round() { # round vocabs budget extra-args...
   clocks "before vLLM round $r"
   local t=$SECONDS
   PYTHONUNBUFFERED=1 python3 .anchor/bench_anchor.py --batches "$B" --ks "$K" --vocabs "$v" \
-    --iters "$REPS" --budget-s "$budget" --out "$W/vllm_r$r.csv" --meta "$W/vllm_r${r}_meta.json" "$@"
+    --iters "$REPS" --budget-s "$budget" --out "$W/vllm_r$r.csv" --meta "$W/vllm_r${r}_meta.json" "$@" \
+    | tee "$W/vllm_r$r.stdout"
   echo "[vLLM round $r: exit $?, $((SECONDS - t)) s]"
 }
 
@@ -127,6 +128,10 @@ main() {
   [ -f "$W/vllm_r1_meta.json" ] && cp "$W/vllm_r1_meta.json" "$OUT/vllm_meta.json"
   python3 "$(dirname "$0")/side_by_side_join.py" "${args[@]}" --out "$OUT/side_by_side.csv"
   python3 "$(dirname "$0")/side_by_side_summary.py" "$OUT/side_by_side.csv" | tee "$OUT/summary.txt"
+  # The floors of a chain of dependent kernels on each side, from each round's own process.
+  { echo; echo "floors of dependent kernel chains (GPU time of 1-4 near-empty kernels in a row):"
+    grep -H -E "kernel-chain floor|dispatch-chain floor" "$W"/vllm_r*.stdout "$W"/specdec_r*.stdout \
+      | sed "s|^$W/||"; } | tee -a "$OUT/summary.txt"
   echo "== done in $((SECONDS - T0)) s (vLLM round 1 ended at ${tv}s, round 1 at ${t1}s)"
 }
 

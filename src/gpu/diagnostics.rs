@@ -36,6 +36,23 @@ impl GpuBackend {
         workgroups: u32,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
+        self.record_read_chain(encoder, data, sink, workgroups, 1, timestamps);
+    }
+
+    /// Records one compute pass of `dispatches` read-bandwidth dispatches in a row, each of
+    /// `workgroups` workgroups, optionally timed. Every dispatch binds `sink` read-write, so wgpu
+    /// orders each after the one before with a barrier, as it orders the verifier's dependent
+    /// dispatches: over a tiny `data` the pass times the cost of a chain of dispatches itself
+    /// (`bench`'s dispatch-chain floor).
+    pub(crate) fn record_read_chain(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        data: &wgpu::Buffer,
+        sink: &wgpu::Buffer,
+        workgroups: u32,
+        dispatches: u32,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) {
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("specdec.read_bandwidth"),
             layout: &self.layouts[&Kernel::ReadBandwidth],
@@ -47,7 +64,9 @@ impl GpuBackend {
         });
         pass.set_pipeline(self.pipeline(Kernel::ReadBandwidth, "main"));
         pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(workgroups, 1, 1);
+        for _ in 0..dispatches {
+            pass.dispatch_workgroups(workgroups, 1, 1);
+        }
     }
 
     /// Runs the rng_check kernel: for each counter (quad, pos_lo, stream, pos_hi) under `seed`,

@@ -218,9 +218,32 @@ pub struct BenchReport {
     /// one dispatch of one workgroup, copy 256 bytes to a mappable buffer, map and read them.
     /// What a whole call cannot go below; `None` on the CPU backend.
     pub floor_us: Option<f64>,
+    /// The dispatch-chain floor: GPU time of one timed compute pass of 1 to 4 dependent
+    /// dispatches that do almost nothing, at a few workgroup counts. What a pass of that many
+    /// dependent kernels cannot go below on this device, whatever the kernels do; empty without
+    /// timestamp queries and on the CPU backend.
+    pub chain_floor: Vec<ChainFloor>,
     /// The points.
     pub rows: Vec<BenchRow>,
 }
+
+/// One measurement of [`BenchReport::chain_floor`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChainFloor {
+    /// Workgroups per dispatch.
+    pub workgroups: u32,
+    /// Dependent dispatches in the pass.
+    pub dispatches: u32,
+    /// Median GPU time of the pass, µs (timestamps at its beginning and end).
+    pub gpu_us: f64,
+}
+
+/// Workgroup counts of the dispatch-chain floor: one workgroup (verify and the residual merge
+/// at R = 1) and 256 (about what row_stats and the residual race dispatch at R = 1).
+const CHAIN_WORKGROUPS: [u32; 2] = [1, 256];
+
+/// The most dependent dispatches the floor measures: a sampled batch's pass has four.
+const CHAIN_MAX_DISPATCHES: u32 = 4;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -668,6 +691,68 @@ impl GpuBench {
         Ok(median(&mut times))
     }
 
+    /// [`BenchReport::chain_floor`]: for each of [`CHAIN_WORKGROUPS`] and 1 ..=
+    /// [`CHAIN_MAX_DISPATCHES`] dependent dispatches, the median GPU time of `reps` timed passes
+    /// of the read kernel over 4 KiB, each submitted and waited for alone as the verifier's
+    /// timed calls are. Empty without timestamp queries.
+    fn dispatch_chain_floor(&self, reps: usize) -> Result<Vec<ChainFloor>, Error> {
+        let Some(qs) = &self.query else {
+            return Ok(Vec::new());
+        };
+        let g = self.verifier.gpu_backend().expect("GPU verifier");
+        let data = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bench.chain_data"),
+            size: 4096,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let sink = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bench.chain_sink"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let mut out = Vec::new();
+        for &workgroups in &CHAIN_WORKGROUPS {
+            for dispatches in 1..=CHAIN_MAX_DISPATCHES {
+                // Untimed passes first, so the pipeline and the clocks are settled.
+                for _ in 0..20 {
+                    let mut enc = self.device.create_command_encoder(&Default::default());
+                    g.record_read_chain(&mut enc, &data, &sink, workgroups, dispatches, None);
+                    wait_for(&self.device, self.queue.submit([enc.finish()]), 60)?;
+                }
+                for i in 0..reps as u32 {
+                    let mut enc = self.device.create_command_encoder(&Default::default());
+                    let ts = wgpu::ComputePassTimestampWrites {
+                        query_set: qs,
+                        beginning_of_pass_write_index: Some(2 * i),
+                        end_of_pass_write_index: Some(2 * i + 1),
+                    };
+                    g.record_read_chain(&mut enc, &data, &sink, workgroups, dispatches, Some(ts));
+                    wait_for(&self.device, self.queue.submit([enc.finish()]), 60)?;
+                }
+                let ticks = resolve_ticks(
+                    &self.device,
+                    &self.queue,
+                    qs,
+                    2 * reps as u32,
+                    &self.resolve,
+                    &self.q_read,
+                )?;
+                let mut times: Vec<f64> = ticks
+                    .chunks(2)
+                    .map(|t| t[1].wrapping_sub(t[0]) as f64 * self.period_ns / 1e3)
+                    .collect();
+                out.push(ChainFloor {
+                    workgroups,
+                    dispatches,
+                    gpu_us: median(&mut times),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// One whole verify call: record, submit, read back.
     fn one_call(&self, batch: &GpuVerifyBatch<'_>) -> Result<VerifyOutput, Error> {
         let mut enc = self.device.create_command_encoder(&Default::default());
@@ -855,6 +940,13 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     ));
     let floor_us = b.round_trip_floor(200)?;
     progress(&format!("round-trip floor {floor_us:.1} µs"));
+    let chain_floor = b.dispatch_chain_floor(cfg.reps)?;
+    if !chain_floor.is_empty() {
+        progress(&format!(
+            "dispatch-chain floor: {}",
+            chain_summary(&chain_floor)
+        ));
+    }
     let mut rows = Vec::new();
     let mut probs = Vec::new();
     for &v in &cfg.vocabs {
@@ -891,6 +983,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         warm_reads,
         timestamps,
         floor_us: Some(floor_us),
+        chain_floor,
         rows,
     })
 }
@@ -1260,6 +1353,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         timestamps: false,
         int64: false,
         floor_us: None,
+        chain_floor: Vec::new(),
         rows,
     })
 }
@@ -1325,6 +1419,26 @@ fn range(values: &[f64]) -> (f64, f64) {
 }
 
 /// The warm-up's read measurements in a few words: how many, the first, the range.
+/// `chain` as one line: per workgroup count, the GPU µs of 1, 2, … dependent dispatches.
+fn chain_summary(chain: &[ChainFloor]) -> String {
+    let mut parts = Vec::new();
+    for &wg in &CHAIN_WORKGROUPS {
+        let times: Vec<String> = chain
+            .iter()
+            .filter(|c| c.workgroups == wg)
+            .map(|c| format!("{} {:.2}", c.dispatches, c.gpu_us))
+            .collect();
+        if !times.is_empty() {
+            parts.push(format!(
+                "{wg} workgroup{} per dispatch: {} µs",
+                if wg == 1 { "" } else { "s" },
+                times.join(" / ")
+            ));
+        }
+    }
+    format!("{} (dispatches µs)", parts.join("; "))
+}
+
 fn warm_summary(reads: &[f64]) -> String {
     let (lo, hi) = range(reads);
     match reads.first() {
@@ -1344,7 +1458,8 @@ impl BenchReport {
             writeln!(
             s,
             "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
-             ({:.0} after the last point; warm-up: {}); round-trip floor {}; GPU time from {}",
+             ({:.0} after the last point; warm-up: {}); round-trip floor {}; dispatch-chain \
+             floor {}; GPU time from {}",
             self.adapter,
             self.backend,
             if self.int64 { ", int64 Philox" } else { "" },
@@ -1355,6 +1470,11 @@ impl BenchReport {
             warm_summary(&self.warm_reads),
             self.floor_us
                 .map_or("-".to_string(), |f| format!("{f:.1} µs")),
+            if self.chain_floor.is_empty() {
+                "-".to_string()
+            } else {
+                chain_summary(&self.chain_floor)
+            },
             if self.timestamps { "timestamp queries" } else { "wall clock" }
         );
         let _ = writeln!(
