@@ -56,6 +56,14 @@ const PARAM_RAW: u32 = 128u;
 // final slot, noise stream, its draft row, first and count of its excluded tokens) and the
 // children's tokens grouped by parent slot. See tree_scratch below.
 const PARAM_TREE: u32 = 256u;
+// Params::flags: a small batch whose residual races need no normaliser (one-hot drafts, no
+// filters, no block rule, no trees): row_stats races every sampled row's chunks as it reads
+// them (log-domain keys) and writes each chunk's winner after the chunk partials, at
+// chunk_stats[total_rows · num_chunks + row · num_chunks + chunk] (as a RowStats: t_max the key,
+// t_arg its index, t_sum its logit; q_max / q_sum the key and logit of the row's drafted token
+// when the chunk holds it, else -inf); verify then settles the residual and bonus tokens itself
+// and the residual pass is not dispatched.
+const PARAM_FUSED_RACE: u32 = 512u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
@@ -118,9 +126,9 @@ struct Task {
 
 // Per-(request, block) candidate of the residual argmax (32 bytes).
 struct Candidate {
-    r_key: f32,   // best r(y) / e(y) in the block (0 when the residual is empty there)
+    r_key: f32,   // best key of r in the block (-inf when the residual is empty there)
     r_idx: u32,
-    p_key: f32,   // best p(y) / e(y): the fallback when the whole residual is empty
+    p_key: f32,   // best key of p: the fallback when the whole residual is empty
     p_idx: u32,
     r_logit: f32, // the logits of the two winners, for their logprobs
     p_logit: f32,
@@ -308,6 +316,31 @@ fn w_from_bits(bits: u32) -> f32 {
     let z = countLeadingZeros(bits);
     let m = (bits << z) >> 8u;
     return bitcast<f32>(((126u - z) << 23u) | (m & 0x7fffffu));
+}
+
+// The race key of a token when nothing is subtracted from p (one-hot residuals, bonus rows, tree
+// slots without q): ln p(y) − ln e_y up to the row's log-normaliser, z − ln e with z = l / T
+// (SPEC §3: the Gumbel form of the race). It needs neither the row's maximum nor its sum, so a
+// pass that is still reducing the row can race it. (The twin: rng::log_race_key.)
+fn log_race_key(z: f32, w: f32) -> f32 {
+    return z - log(exp1_from_w(w));
+}
+
+// Whether an entry with z = l / T and noise w can beat the key `bound`: e >= w, so its key is at
+// most z − ln w, and it can win only if w < exp(z − bound). Settles most entries without the
+// log, as the linear race's r > B·w does.
+fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
+    return w < exp(z - bound);
+}
+
+// An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back: workgroup atomics take
+// the largest of f32 values of either sign through it.
+fn order_key(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+fn from_order_key(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
 // -ln(1 - w) for w from w_from_bits.

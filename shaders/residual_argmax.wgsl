@@ -4,12 +4,14 @@
 //
 // Exponential race (equivalent to Gumbel-max): y* = argmax_y r(y) / e_y with e_y ~ Exp(1)
 // independent, which picks y with probability r(y) / Σ r — no sort, no normalisation of r, one
-// pass. r is max(p - q, 0) (TASK_DRAFT_RESIDUAL), max(ρ p - q, 0) with the row's stored ρ
-// (TASK_BLOCK_RESIDUAL, block verification), p without the drafted token
-// (TASK_ONE_HOT_RESIDUAL) or p (TASK_FROM_TARGET). Alongside, each block also keeps the best
-// p(y) / e_y: if the residual has no mass anywhere (p == q) the merge falls back to it and sets
-// STATUS_EMPTY_RESIDUAL. Ties go to the lowest index, so the result does not depend on the
-// reduction order and the twin needs no lane emulation.
+// pass. r is max(p - q, 0) (TASK_DRAFT_RESIDUAL) or max(ρ p - q, 0) with the row's stored ρ
+// (TASK_BLOCK_RESIDUAL, block verification), keyed r(y) / e_y; or, with nothing subtracted, p
+// without the drafted token (TASK_ONE_HOT_RESIDUAL) or p (TASK_FROM_TARGET), keyed in the log
+// domain, l / T − ln e_y (common.wgsl log_race_key: the same argmax, without the row's
+// normaliser, so row_stats races these rows itself in small batches). Alongside, each block also
+// keeps the best p-key: if the residual has no mass anywhere (p == q) the merge falls back to it
+// and sets STATUS_EMPTY_RESIDUAL. Ties go to the lowest index, so the result does not depend on
+// the reduction order and the twin needs no lane emulation.
 //
 // Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
 // in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
@@ -24,8 +26,8 @@
 // Per-row logit cut-offs (PARAM_CUTOFF): entries below them have p = 0 (q = 0 for draft logits).
 @group(0) @binding(8) var<storage, read> cutoffs: array<f32>;
 
-// The largest r and p keys any lane of the workgroup holds so far, as bits (keys are >= +0, so
-// their bits order as the keys do). Each lane filters its entries against them: with a lane's
+// The largest r and p keys any lane of the workgroup holds so far, as order keys (common.wgsl:
+// log-domain keys are negative as often as not). Each lane filters its entries against them: with a lane's
 // own best alone, each lane's first few dozen entries nearly always set a new best, and a warp
 // pays the log and divisions whenever one of its lanes does. Read without a barrier: any value
 // read is a key some entry reached, so a stale one only filters less.
@@ -128,7 +130,33 @@ fn load_draft4(base: u32, y: u32) -> vec4<f32> {
 fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32, floor_r: f32, floor_p: f32) -> Candidate {
     var best = best_in;
     let ninf = bitcast<f32>(NEG_INF_BITS);
-    let p = exp((select(l, ninf, l < c.cut) - c.st.t_max) * c.inv_t) * c.inv_sum;
+    let lc = select(l, ninf, l < c.cut);
+    let w = w_from_bits(bits);
+    if (!c.use_q) {
+        // Log-domain keys. p's candidates are r's plus the excluded tokens, so one test against
+        // r's bound (the lower one) settles both races.
+        if (is_neg_inf(lc) || is_nan(lc)) {
+            return best; // p = 0
+        }
+        let z = lc * c.inv_t;
+        if (log_race_may(z, w, max(best.r_key, floor_r))) {
+            let key = log_race_key(z, w);
+            let excl = (c.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == c.draft_token)
+                || (c.excl_count > 0u && excluded(c, y));
+            if (!excl && better(key, y, best.r_key, best.r_idx)) {
+                best.r_key = key;
+                best.r_idx = y;
+                best.r_logit = l;
+            }
+            if (better(key, y, best.p_key, best.p_idx)) {
+                best.p_key = key;
+                best.p_idx = y;
+                best.p_logit = l;
+            }
+        }
+        return best;
+    }
+    let p = exp((lc - c.st.t_max) * c.inv_t) * c.inv_sum;
     var res = p;
     if (c.use_q) {
         var q = 0.0;
@@ -140,12 +168,9 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32,
             }
         }
         res = max(c.rho * p - q, 0.0);
-    } else if (c.kind == TASK_ONE_HOT_RESIDUAL && i32(y) == c.draft_token) {
-        res = 0.0;
     }
     // e = -ln(1 - w) >= w, so a key r/e can only beat the best B if r > B·w: most tokens are
     // settled with one multiply and never evaluate the log (the twin applies the same rule).
-    let w = w_from_bits(bits);
     // (An excluded tree token has residual 0: the twin zeroes it before this test.)
     let r_may = res > 0.0 && res > max(best.r_key, floor_r) * w && !(c.excl_count > 0u && excluded(c, y));
     let p_may = p > 0.0 && p > max(best.p_key, floor_p) * w;
@@ -213,8 +238,9 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let rho = select(1.0, st.rho, task.kind == TASK_BLOCK_RESIDUAL);
     let q_logits = params.draft_kind == DRAFT_LOGITS;
 
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
-    var cut = bitcast<f32>(NEG_INF_BITS);
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    var best = Candidate(ninf, NO_INDEX, ninf, NO_INDEX, 0.0, 0.0, 0u, 0u);
+    var cut = ninf;
     var dcut = cut;
     if ((params.flags & PARAM_CUTOFF) != 0u && in_window) {
         cut = cutoffs[row];
@@ -224,8 +250,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     let ctx = RaceCtx(st, 1.0 / st.t_sum, 1.0 / st.q_sum, inv_t, use_q, rho, q_logits, task.kind, task.draft_token, cut, dcut, excl_at, excl_count);
     if (lane == 0u) {
-        atomicStore(&bound_r, 0u);
-        atomicStore(&bound_p, 0u);
+        atomicStore(&bound_r, order_key(ninf));
+        atomicStore(&bound_p, order_key(ninf));
         atomicStore(&win_r, NO_INDEX);
         atomicStore(&win_p, NO_INDEX);
         win_rl = 0.0;
@@ -241,17 +267,17 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             dv = load_draft4(d_base, g);
         }
         let words = random_words(info, pos, stream, g / 4u);
-        let floor_r = bitcast<f32>(atomicLoad(&bound_r));
-        let floor_p = bitcast<f32>(atomicLoad(&bound_p));
+        let floor_r = from_order_key(atomicLoad(&bound_r));
+        let floor_p = from_order_key(atomicLoad(&bound_p));
         best = race_step(best, ctx, g, l.x, dv.x, words.x, floor_r, floor_p);
         best = race_step(best, ctx, g + 1u, l.y, dv.y, words.y, floor_r, floor_p);
         best = race_step(best, ctx, g + 2u, l.z, dv.z, words.z, floor_r, floor_p);
         best = race_step(best, ctx, g + 3u, l.w, dv.w, words.w, floor_r, floor_p);
         if (best.r_key > floor_r) {
-            atomicMax(&bound_r, bitcast<u32>(best.r_key));
+            atomicMax(&bound_r, order_key(best.r_key));
         }
         if (best.p_key > floor_p) {
-            atomicMax(&bound_p, bitcast<u32>(best.p_key));
+            atomicMax(&bound_p, order_key(best.p_key));
         }
     }
     // The block's winner: the largest key is already in the bounds (every lane published its
@@ -259,8 +285,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     workgroupBarrier();
     let top_r = atomicLoad(&bound_r);
     let top_p = atomicLoad(&bound_p);
-    let holds_r = bitcast<u32>(best.r_key) == top_r;
-    let holds_p = bitcast<u32>(best.p_key) == top_p;
+    let holds_r = order_key(best.r_key) == top_r;
+    let holds_p = order_key(best.p_key) == top_p;
     if (holds_r) {
         atomicMin(&win_r, best.r_idx);
     }
@@ -278,7 +304,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     workgroupBarrier();
     if (lane == 0u && in_window) {
-        candidates[r * params.num_blocks + block_id] = Candidate(bitcast<f32>(top_r), idx_r, bitcast<f32>(top_p), idx_p, win_rl, win_pl, 0u, 0u);
+        candidates[r * params.num_blocks + block_id] = Candidate(from_order_key(top_r), idx_r, from_order_key(top_p), idx_p, win_rl, win_pl, 0u, 0u);
     }
 }
 
@@ -308,9 +334,10 @@ fn put_logprobs(slot: u32, lp: vec2<f32>) {
 @compute @workgroup_size(64)
 fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
+    let ninf = bitcast<f32>(NEG_INF_BITS);
     if (lane == 0u) {
-        atomicStore(&m_key_r, 0u);
-        atomicStore(&m_key_p, 0u);
+        atomicStore(&m_key_r, order_key(ninf));
+        atomicStore(&m_key_p, order_key(ninf));
         atomicStore(&m_idx_r, NO_INDEX);
         atomicStore(&m_idx_p, NO_INDEX);
         m_logit_r = 0.0;
@@ -319,7 +346,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let task = tasks[r];
     let info = requests[r];
     let st = row_stats[select(0u, info.row_offset + task.local_row, task.kind != TASK_NONE)];
-    var best = Candidate(0.0, NO_INDEX, 0.0, NO_INDEX, 0.0, 0.0, 0u, 0u);
+    var best = Candidate(ninf, NO_INDEX, ninf, NO_INDEX, 0.0, 0.0, 0u, 0u);
     for (var b = lane; b < params.num_blocks; b += 64u) {
         let c = candidates[r * params.num_blocks + b];
         if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
@@ -334,11 +361,11 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
     }
     workgroupBarrier();
-    atomicMax(&m_key_r, bitcast<u32>(best.r_key));
-    atomicMax(&m_key_p, bitcast<u32>(best.p_key));
+    atomicMax(&m_key_r, order_key(best.r_key));
+    atomicMax(&m_key_p, order_key(best.p_key));
     workgroupBarrier();
-    let holds_r = bitcast<u32>(best.r_key) == atomicLoad(&m_key_r);
-    let holds_p = bitcast<u32>(best.p_key) == atomicLoad(&m_key_p);
+    let holds_r = order_key(best.r_key) == atomicLoad(&m_key_r);
+    let holds_p = order_key(best.p_key) == atomicLoad(&m_key_p);
     if (holds_r) {
         atomicMin(&m_idx_r, best.r_idx);
     }

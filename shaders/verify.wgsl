@@ -325,6 +325,94 @@ fn block_stop(info: ReqInfo) -> u32 {
 var<workgroup> first_stop: atomic<u32>;
 var<workgroup> any_nonfinite: atomic<u32>;
 
+// PARAM_FUSED_RACE: the stop row's race winner (order key, lowest index holding it, its logit)
+// and its drafted token's key and logit, from row_stats' chunk winners.
+var<workgroup> f_key: atomic<u32>;
+var<workgroup> f_idx: atomic<u32>;
+var<workgroup> f_logit: f32;
+var<workgroup> f_dkey: f32;
+var<workgroup> f_dlogit: f32;
+
+// PARAM_FUSED_RACE: folds the chunk winners row_stats raced for row `stop` of the request (at
+// chunk_stats[total_rows · num_chunks + row · num_chunks + chunk], common.wgsl) as
+// residual_argmax's merge folds its blocks: the largest key, then the lowest index holding it.
+// The drafted token's key comes from the one chunk that holds it. Every invocation calls it.
+fn fold_fused_race(info: ReqInfo, lane: u32, stop: u32) {
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    if (lane == 0u) {
+        atomicStore(&f_key, order_key(ninf));
+        atomicStore(&f_idx, NO_INDEX);
+        f_logit = 0.0;
+        f_dkey = ninf;
+        f_dlogit = 0.0;
+    }
+    workgroupBarrier();
+    let n = params.num_chunks;
+    let base = (params.total_rows + info.row_offset + stop) * n;
+    var key = ninf;
+    var idx = NO_INDEX;
+    var logit = 0.0;
+    for (var c = lane; c < n; c += 64u) {
+        let w = chunk_stats[base + c];
+        if (w.t_arg != NO_INDEX && (w.t_max > key || (w.t_max == key && w.t_arg < idx))) {
+            key = w.t_max;
+            idx = w.t_arg;
+            logit = w.t_sum;
+        }
+        if (w.q_max > ninf) {
+            f_dkey = w.q_max;
+            f_dlogit = w.q_sum;
+        }
+    }
+    if (idx != NO_INDEX) {
+        atomicMax(&f_key, order_key(key));
+    }
+    workgroupBarrier();
+    if (idx != NO_INDEX && order_key(key) == atomicLoad(&f_key)) {
+        atomicMin(&f_idx, idx);
+    }
+    workgroupBarrier();
+    if (idx != NO_INDEX && idx == atomicLoad(&f_idx)) {
+        f_logit = logit;
+    }
+    workgroupBarrier();
+}
+
+// PARAM_FUSED_RACE: the token of a residual or bonus task from the folded race, as
+// residual_argmax's merge writes it: the residual's winner (for a bonus or "from the target"
+// task p's, which also counts the drafted token); with no residual winner, p's and
+// STATUS_EMPTY_RESIDUAL; with neither, the argmax. Returns the token and its logit, and ORs the
+// status into `status`.
+fn fused_token(task: Task, st: RowStats, status: ptr<function, u32>) -> vec2<u32> {
+    let ninf = bitcast<f32>(NEG_INF_BITS);
+    let r_idx = atomicLoad(&f_idx);
+    let r_key = from_order_key(atomicLoad(&f_key));
+    // p's winner: the residual's, or the drafted token if its key beats it.
+    var p_idx = r_idx;
+    var p_logit = f_logit;
+    let d = task.draft_token;
+    if (d >= 0 && f_dkey > ninf && (r_idx == NO_INDEX || f_dkey > r_key || (f_dkey == r_key && u32(d) < r_idx))) {
+        p_idx = u32(d);
+        p_logit = f_dlogit;
+    }
+    var token = r_idx;
+    var logit = f_logit;
+    if (task.kind == TASK_FROM_TARGET) {
+        token = p_idx;
+        logit = p_logit;
+    }
+    if (token == NO_INDEX) {
+        token = p_idx;
+        logit = p_logit;
+        *status |= STATUS_EMPTY_RESIDUAL;
+    }
+    if (token == NO_INDEX) {
+        token = st.t_arg;
+        logit = st.t_max;
+    }
+    return vec2<u32>(token, bitcast<u32>(logit));
+}
+
 // Greedy requests (without raw logprobs) need of each row only its maximum, the lowest index
 // holding it and the flags, none of which depends on the order of the merge. So their rows
 // merge in parallel: every lane takes some of the request's chunk partials, the row's maximum
@@ -336,15 +424,6 @@ var<workgroup> g_arg: array<atomic<u32>, 64>;
 var<workgroup> g_flags: array<atomic<u32>, 64>;
 // The request's row count and whether it is greedy, as workgroup-uniform values.
 var<workgroup> wg_req: vec2<u32>;
-
-// An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back.
-fn order_key(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-fn from_order_key(k: u32) -> f32 {
-    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
-}
 
 // Greedy request `info`'s rows merged in parallel (see g_key), written to row_stats, and
 // decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform.
@@ -447,6 +526,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     storageBarrier();
     workgroupBarrier();
+    if ((params.flags & PARAM_FUSED_RACE) != 0u) {
+        fold_fused_race(info, lane, atomicLoad(&first_stop));
+    }
     if (block && params.draft_kind != DRAFT_NONE) {
         // R_j needs another pass over the rows: block_mass, then block_settle, finish it.
         if (lane == 0u) {
@@ -539,6 +621,13 @@ fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
         put_logprobs(info.out_offset + stop, logprobs_of(info, st, st.t_max));
     } else {
         task.kind = TASK_FROM_TARGET;
+    }
+    if ((params.flags & PARAM_FUSED_RACE) != 0u && (task.kind == TASK_ONE_HOT_RESIDUAL || task.kind == TASK_FROM_TARGET)) {
+        // Raced in row_stats, folded in `main`: no task for the residual pass.
+        let got = fused_token(task, st, &status);
+        final_token = i32(got.x);
+        put_logprobs(info.out_offset + stop, logprobs_of(info, st, bitcast<f32>(got.y)));
+        task.kind = TASK_NONE;
     }
     tasks[r] = task;
     // The emitted token (or -1 until the residual pass fills it).

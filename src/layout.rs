@@ -132,6 +132,10 @@ pub const PARAM_RAW: u32 = 128;
 /// `Params::flags`: a tree batch (`crate::tree`): the residual pass takes each request's row
 /// position, noise stream, draft row and excluded tokens from the output's tree scratch.
 pub const PARAM_TREE: u32 = 256;
+/// `Params::flags`: a small one-hot batch whose residual and bonus races run inside row_stats
+/// (log-domain keys need no normaliser) and are settled by verify; no residual pass
+/// (`shaders/common.wgsl` PARAM_FUSED_RACE).
+pub const PARAM_FUSED_RACE: u32 = 512;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.
@@ -250,11 +254,12 @@ pub struct Task {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct Candidate {
-    /// Best r(y)/e(y) (0 when the residual has no mass in the block).
+    /// Best key of the residual r: r(y)/e(y) when q is subtracted, else the log-domain key
+    /// (`rng::log_race_key`); −∞ when the residual has no mass in the block.
     pub r_key: f32,
     /// Its index, `NO_INDEX` if none.
     pub r_idx: u32,
-    /// Best p(y)/e(y), the fallback for an empty residual.
+    /// Best key of p, the fallback for an empty residual (−∞ if none).
     pub p_key: f32,
     /// Its index, `NO_INDEX` if none.
     pub p_idx: u32,
@@ -269,9 +274,9 @@ pub struct Candidate {
 impl Default for Candidate {
     fn default() -> Self {
         Candidate {
-            r_key: 0.0,
+            r_key: f32::NEG_INFINITY,
             r_idx: NO_INDEX,
-            p_key: 0.0,
+            p_key: f32::NEG_INFINITY,
             p_idx: NO_INDEX,
             r_logit: 0.0,
             p_logit: 0.0,

@@ -93,6 +93,22 @@ pub fn w_from_bits(bits: u32) -> f32 {
     f32::from_bits(((126 - z) << 23) | (m & 0x7f_ffff))
 }
 
+/// The race key of a token when nothing is subtracted from p (one-hot residuals, bonus rows,
+/// tree slots without q): `z − ln e` with `z = l / T` and `e` from `w` ([`exp1_from_w`]), the
+/// log of `p(y) / e_y` up to the row's log-normaliser (SPEC §3, Gumbel form). The twin of
+/// `log_race_key` in `shaders/common.wgsl`; the GPU's `log` may differ by a few ulp.
+#[inline]
+pub fn log_race_key(z: f32, w: f32) -> f32 {
+    z - exp1_from_w(w).ln()
+}
+
+/// Whether an entry with `z = l / T` and noise `w` can beat the key `bound`: `e ≥ w` bounds its
+/// key by `z − ln w`, so it can win only if `w < exp(z − bound)` (`log_race_may` in the kernel).
+#[inline]
+pub fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
+    w < (z - bound).exp()
+}
+
 /// `-ln(1 − w)` for a `w` from [`w_from_bits`] (see [`exp1_from_bits`]).
 #[inline]
 pub fn exp1_from_w(w: f32) -> f32 {

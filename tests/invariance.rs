@@ -337,3 +337,46 @@ fn gpu_agrees_with_the_cpu_twin() {
         "{differing} of {requests} differ"
     );
 }
+
+/// Small one-hot batches race their sampled rows inside row_stats and settle them in verify
+/// (`PARAM_FUSED_RACE`); larger ones leave the race to the residual pass. Both run the same race
+/// over the same keys, so a verifier aiming at 4 workgroups (no batch is then small enough to
+/// race in row_stats) gives the same tokens, statuses and logprobs, and the CPU twin the same
+/// tokens and statuses:
+/// rows of 1 to 3 chunks, drafts that are the argmax or not, greedy and sampled requests, the
+/// block rule, logprobs, and raw logprobs (the row_stats specialisation with raw sums).
+#[test]
+fn races_in_row_stats_and_in_the_residual_pass_agree() {
+    let Some(g) = gpu() else { return };
+    let unfused = Verifier::new(VerifierOptions {
+        target_workgroups: 4,
+        ..VerifierOptions::default()
+    })
+    .unwrap();
+    let c = cpu();
+    let mut gen = Gen::new(71);
+    for (round, vocab) in [9000u32, 4096, 151, 5003].into_iter().enumerate() {
+        let ks: Vec<u32> = (0..12).map(|i| (i % 5) as u32).collect();
+        let mut b = Owned::random(&mut gen, vocab, &ks, &[1.0, 0.0, 0.6, 1.7], 0, 0.6);
+        for (r, req) in b.requests.iter_mut().enumerate() {
+            req.params.logprobs = round % 2 == 1;
+            req.params.raw_logprobs = round == 3 && r % 2 == 0;
+            if round == 2 && r % 3 == 0 {
+                req.params.rule = specdec::Rule::Block;
+            }
+        }
+        let fused = g.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(
+            unfused.verify_blocking(&b.batch()).unwrap(),
+            fused,
+            "round {round}"
+        );
+        // The twin's logprobs may differ from the GPU's by an ulp of exp / ln; its tokens may not.
+        let twin = c.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(
+            (&twin.tokens, &twin.num_emitted, &twin.status),
+            (&fused.tokens, &fused.num_emitted, &fused.status),
+            "round {round} vs the CPU twin"
+        );
+    }
+}

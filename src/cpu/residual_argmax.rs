@@ -6,8 +6,8 @@ use crate::batch::Plan;
 use crate::cpu::verify::{logprobs_of, put_logprobs, sanitize_prob, STATUS_EMPTY_RESIDUAL};
 use crate::layout::*;
 use crate::rng::{
-    exp1_from_w, random_words, row_position, w_from_bits, STREAM_ACCEPT, STREAM_BONUS,
-    STREAM_RESIDUAL,
+    exp1_from_w, log_race_key, log_race_may, random_words, row_position, w_from_bits,
+    STREAM_ACCEPT, STREAM_BONUS, STREAM_RESIDUAL,
 };
 
 #[inline]
@@ -60,7 +60,8 @@ pub fn candidate(
 }
 
 /// What one exponential race samples from, beyond the row and its statistics: the residual is
-/// `max(ρ p − q, 0)` when `draft` holds the q row, else `p` with the `excluded` tokens removed.
+/// `max(ρ p − q, 0)` when `draft` holds the q row (keys r(y)/e(y)), else `p` with the
+/// `excluded` tokens removed (log-domain keys, [`log_race_key`]).
 /// Chains describe it by their task ([`candidate`]); trees (`cpu::tree`) by the node where the
 /// walk stopped, whose rejected children may be several tokens.
 pub(crate) struct Race<'a> {
@@ -103,6 +104,33 @@ pub(crate) fn race_row(
         if y % 4 == 0 {
             words = random_words(info.seed(), race.pos, race.stream, (y / 4) as u32);
         }
+        let w = w_from_bits(words[y % 4]);
+        if race.draft.is_none() {
+            // Log-domain keys (the kernel's race_step): p's candidates are r's plus the excluded
+            // tokens, so one test against r's bound settles both.
+            let excluded = next_excluded.peek() == Some(&(y as i32));
+            if excluded {
+                next_excluded.next();
+            }
+            if l == f32::NEG_INFINITY || l.is_nan() {
+                continue; // p = 0
+            }
+            let z = l * inv_t;
+            if log_race_may(z, w, best.r_key) {
+                let key = log_race_key(z, w);
+                if !excluded && better(key, y as u32, best.r_key, best.r_idx) {
+                    best.r_key = key;
+                    best.r_idx = y as u32;
+                    best.r_logit = l;
+                }
+                if better(key, y as u32, best.p_key, best.p_idx) {
+                    best.p_key = key;
+                    best.p_idx = y as u32;
+                    best.p_logit = l;
+                }
+            }
+            continue;
+        }
         let p = ((l - st.t_max) * inv_t).exp() * inv_sum;
         let mut res = p;
         if let Some(draft) = race.draft {
@@ -117,12 +145,8 @@ pub(crate) fn race_row(
                 };
             }
             res = (race.rho * p - q).max(0.0);
-        } else if next_excluded.peek() == Some(&(y as i32)) {
-            next_excluded.next();
-            res = 0.0;
         }
         // e ≥ w: a key r/e can only beat the best B if r > B·w (the kernel's rule).
-        let w = w_from_bits(words[y % 4]);
         let r_may = res > 0.0 && res > best.r_key * w;
         let p_may = p > 0.0 && p > best.p_key * w;
         if r_may || p_may {
