@@ -113,7 +113,9 @@ fn race4(s: LaneRace, v: vec4<f32>, y: u32, job: RowJob) -> LaneRace {
 
 // The chunk's winner from every lane's part: the largest key, then the lowest index holding it
 // (the argmax with lowest-index ties does not depend on the order), then its logit. Every
-// invocation calls it when PARAM_FUSED_RACE is set; write_chunk stores the result.
+// invocation calls it when PARAM_FUSED_RACE is set; write_chunk stores the result. (The same
+// steps as residual_argmax's block end and verify's fold_fused_race, over other workgroup
+// variables: core WGSL cannot pass a workgroup pointer to a shared function.)
 fn race_fold(s: LaneRace) {
     if (s.idx != NO_INDEX) {
         atomicMax(&race_key, order_key(s.key));
