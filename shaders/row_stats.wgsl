@@ -334,7 +334,8 @@ fn row_job(bx: u32, local_row: u32) -> RowJob {
     }
     job.first_chunk = bx * params.block_chunks;
     job.last_chunk = min(job.first_chunk + params.block_chunks, params.num_chunks);
-    job.race = (params.flags & PARAM_FUSED_RACE) != 0u && !greedy && (req.flags & REQ_TYPICAL) == 0u;
+    // Every sampled request's rows, typical ones too (their bonus token is sampled from p).
+    job.race = (params.flags & PARAM_FUSED_RACE) != 0u && !greedy;
     job.rq = req;
     job.pos = row_position(req, k_row);
     job.stream = select(STREAM_RESIDUAL, STREAM_BONUS, k_row == req.num_drafts);

@@ -344,7 +344,8 @@ fn gpu_agrees_with_the_cpu_twin() {
 /// race in row_stats) gives the same tokens, statuses and logprobs, and the CPU twin the same
 /// tokens and statuses:
 /// rows of 1 to 3 chunks, drafts that are the argmax or not, greedy and sampled requests, the
-/// block rule, logprobs, and raw logprobs (the row_stats specialisation with raw sums).
+/// block rule, typical acceptance (its bonus token), logprobs, and raw logprobs (the row_stats
+/// specialisation with raw sums).
 #[test]
 fn races_in_row_stats_and_in_the_residual_pass_agree() {
     let Some(g) = gpu() else { return };
@@ -363,6 +364,13 @@ fn races_in_row_stats_and_in_the_residual_pass_agree() {
             req.params.raw_logprobs = round == 3 && r % 2 == 0;
             if round == 2 && r % 3 == 0 {
                 req.params.rule = specdec::Rule::Block;
+            }
+            // Typical acceptance samples its bonus token from p (a lenient threshold, so that
+            // some requests accept every draft).
+            if round == 0 && r % 4 == 2 {
+                req.params.rule = specdec::Rule::Typical;
+                req.params.typical_epsilon = 1e-6;
+                req.params.typical_delta = 1e-6;
             }
         }
         let fused = g.verify_blocking(&b.batch()).unwrap();
