@@ -39,11 +39,6 @@ var<workgroup> win_p: atomic<u32>;
 var<workgroup> win_rl: f32;
 var<workgroup> win_pl: f32;
 
-// Larger key wins; equal keys go to the lower index.
-fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
-    return key > best_key || (key == best_key && idx < best_idx);
-}
-
 // What the race needs to know about the row being resampled.
 struct RaceCtx {
     st: RowStats,

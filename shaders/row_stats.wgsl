@@ -93,7 +93,7 @@ fn race_entry(s_in: LaneRace, l: f32, y: u32, bits: u32, inv_t: f32, drafted: i3
         s.dlogit = l;
     } else if (log_race_may(z, w, s.key)) {
         let key = log_race_key(z, w);
-        if (key > s.key || (key == s.key && y < s.idx)) {
+        if (better(key, y, s.key, s.idx)) {
             s.key = key;
             s.idx = y;
             s.logit = l;

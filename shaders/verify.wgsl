@@ -354,7 +354,7 @@ fn fold_fused_race(info: ReqInfo, lane: u32, stop: u32) {
     var logit = 0.0;
     for (var c = lane; c < n; c += 64u) {
         let w = chunk_stats[base + c];
-        if (w.t_arg != NO_INDEX && (w.t_max > key || (w.t_max == key && w.t_arg < idx))) {
+        if (w.t_arg != NO_INDEX && better(w.t_max, w.t_arg, key, idx)) {
             key = w.t_max;
             idx = w.t_arg;
             logit = w.t_sum;
@@ -391,7 +391,7 @@ fn fused_token(task: Task, st: RowStats, status: ptr<function, u32>) -> vec2<u32
     var p_idx = r_idx;
     var p_logit = f_logit;
     let d = task.draft_token;
-    if (d >= 0 && f_dkey > ninf && (r_idx == NO_INDEX || f_dkey > r_key || (f_dkey == r_key && u32(d) < r_idx))) {
+    if (d >= 0 && f_dkey > ninf && better(f_dkey, u32(d), r_key, r_idx)) {
         p_idx = u32(d);
         p_logit = f_dlogit;
     }

@@ -739,14 +739,10 @@ impl GpuBench {
                     &self.resolve,
                     &self.q_read,
                 )?;
-                let mut times: Vec<f64> = ticks
-                    .chunks(2)
-                    .map(|t| t[1].wrapping_sub(t[0]) as f64 * self.period_ns / 1e3)
-                    .collect();
                 out.push(ChainFloor {
                     workgroups,
                     dispatches,
-                    gpu_us: median(&mut times),
+                    gpu_us: phase_medians(&ticks, 1, self.period_ns)[0],
                 });
             }
         }
@@ -1012,13 +1008,19 @@ fn timed_medians(
         verifier.read_blocking(pending)?;
     }
     let ticks = resolve_ticks(device, queue, qs, 2 * phases * reps as u32, resolve, read)?;
-    let mut per: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); phases as usize];
-    for rep in ticks.chunks(2 * phases as usize) {
+    Ok(phase_medians(&ticks, phases as usize, period_ns))
+}
+
+/// `ticks` as repetitions of `phases` (begin, end) timestamp pairs: each phase's median duration
+/// in µs.
+fn phase_medians(ticks: &[u64], phases: usize, period_ns: f64) -> Vec<f64> {
+    let mut per: Vec<Vec<f64>> = vec![Vec::with_capacity(ticks.len() / (2 * phases)); phases];
+    for rep in ticks.chunks(2 * phases) {
         for (k, p) in per.iter_mut().enumerate() {
             p.push(rep[2 * k + 1].wrapping_sub(rep[2 * k]) as f64 * period_ns / 1e3);
         }
     }
-    Ok(per.into_iter().map(|mut v| median(&mut v)).collect())
+    per.into_iter().map(|mut v| median(&mut v)).collect()
 }
 
 /// Resolves the first `count` timestamps of `qs` and reads them back.
@@ -1418,7 +1420,6 @@ fn range(values: &[f64]) -> (f64, f64) {
         .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)))
 }
 
-/// The warm-up's read measurements in a few words: how many, the first, the range.
 /// `chain` as one line: per workgroup count, the GPU µs of 1, 2, … dependent dispatches.
 fn chain_summary(chain: &[ChainFloor]) -> String {
     let mut parts = Vec::new();
@@ -1439,6 +1440,7 @@ fn chain_summary(chain: &[ChainFloor]) -> String {
     format!("{} (dispatches µs)", parts.join("; "))
 }
 
+/// The warm-up's read measurements in a few words: how many, the first, the range.
 fn warm_summary(reads: &[f64]) -> String {
     let (lo, hi) = range(reads);
     match reads.first() {
