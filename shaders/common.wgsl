@@ -56,14 +56,6 @@ const PARAM_RAW: u32 = 128u;
 // final slot, noise stream, its draft row, first and count of its excluded tokens) and the
 // children's tokens grouped by parent slot. See tree_scratch below.
 const PARAM_TREE: u32 = 256u;
-// Params::flags: a small batch whose residual races need no normaliser (one-hot drafts, no
-// filters, no block rule, no trees): row_stats races every sampled row's chunks as it reads
-// them (log-domain keys) and writes each chunk's winner after the chunk partials, at
-// chunk_stats[total_rows · num_chunks + row · num_chunks + chunk] (as a RowStats: t_max the key,
-// t_arg its index, t_sum its logit; q_max / q_sum the key and logit of the row's drafted token
-// when the chunk holds it, else -inf); verify then settles the residual and bonus tokens itself
-// and the residual pass is not dispatched.
-const PARAM_FUSED_RACE: u32 = 512u;
 
 // The statistics contract: each row is cut into CHUNK-entry chunks; inside a chunk lane l of
 // CHUNK_LANES reduces the groups of entries 4(l + CHUNK_LANES·i) + (0..3), i = 0..15 in that
@@ -320,8 +312,8 @@ fn w_from_bits(bits: u32) -> f32 {
 
 // The race key of a token when nothing is subtracted from p (one-hot residuals, bonus rows, tree
 // slots without q): ln p(y) − ln e_y up to the row's log-normaliser, z − ln e with z = l / T
-// (SPEC §3: the Gumbel form of the race). It needs neither the row's maximum nor its sum, so a
-// pass that is still reducing the row can race it. (The twin: rng::log_race_key.)
+// (SPEC §3: the Gumbel form of the race). It needs neither the row's maximum nor its sum.
+// (The twin: rng::log_race_key.)
 fn log_race_key(z: f32, w: f32) -> f32 {
     return z - log(exp1_from_w(w));
 }

@@ -8,10 +8,10 @@
 // (TASK_BLOCK_RESIDUAL, block verification), keyed r(y) / e_y; or, with nothing subtracted, p
 // without the drafted token (TASK_ONE_HOT_RESIDUAL) or p (TASK_FROM_TARGET), keyed in the log
 // domain, l / T − ln e_y (common.wgsl log_race_key: the same argmax, without the row's
-// normaliser, so row_stats races these rows itself in small batches). Alongside, each block also
-// keeps the best p-key: if the residual has no mass anywhere (p == q) the merge falls back to it
-// and sets STATUS_EMPTY_RESIDUAL. Ties go to the lowest index, so the result does not depend on
-// the reduction order and the twin needs no lane emulation.
+// normaliser). Alongside, each block also keeps the best p-key: if the residual has no mass
+// anywhere (p == q) the merge falls back to it and sets STATUS_EMPTY_RESIDUAL. Ties go to the
+// lowest index, so the result does not depend on the reduction order and the twin needs no lane
+// emulation.
 //
 // Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
 // in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).

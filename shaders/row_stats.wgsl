@@ -55,95 +55,6 @@ var<workgroup> sh_qs: array<f32, CHUNK_LANES>;
 var<workgroup> sh_wm: array<f32, CHUNK_LANES>;
 var<workgroup> sh_ws: array<f32, CHUNK_LANES>;
 var<workgroup> sh_e: array<f32, CHUNK_LANES>;
-// PARAM_FUSED_RACE: the chunk's race winner (an order key, then the lowest index holding it, then
-// its logit) and the drafted token's key and logit.
-var<workgroup> race_key: atomic<u32>;
-var<workgroup> race_idx: atomic<u32>;
-var<workgroup> race_logit: f32;
-var<workgroup> race_dkey: f32;
-var<workgroup> race_dlogit: f32;
-
-// One lane's part of a chunk's race (PARAM_FUSED_RACE): its best log-domain key among the
-// row's tokens but the drafted one (the one-hot residual, or p at the bonus row), and the
-// drafted token's own key (p's one extra candidate).
-struct LaneRace {
-    key: f32,
-    idx: u32,
-    logit: f32,
-    dkey: f32,
-    dlogit: f32,
-}
-
-fn race_new() -> LaneRace {
-    let ninf = bitcast<f32>(NEG_INF_BITS);
-    return LaneRace(ninf, NO_INDEX, 0.0, ninf, 0.0);
-}
-
-// Entry y (logit l after the mask, noise word `bits`) in the race: the keys and the test of
-// residual_argmax.wgsl's race_step, so the winner is the one the residual pass would find.
-fn race_entry(s_in: LaneRace, l: f32, y: u32, bits: u32, inv_t: f32, drafted: i32) -> LaneRace {
-    var s = s_in;
-    if (is_neg_inf(l) || is_nan(l)) {
-        return s; // p = 0
-    }
-    let z = l * inv_t;
-    let w = w_from_bits(bits);
-    if (i32(y) == drafted) {
-        s.dkey = log_race_key(z, w);
-        s.dlogit = l;
-    } else if (log_race_may(z, w, s.key)) {
-        let key = log_race_key(z, w);
-        if (better(key, y, s.key, s.idx)) {
-            s.key = key;
-            s.idx = y;
-            s.logit = l;
-        }
-    }
-    return s;
-}
-
-// Entries y .. y+3 of a lane's group (one Philox call: word i belongs to entry y + i).
-fn race4(s: LaneRace, v: vec4<f32>, y: u32, job: RowJob) -> LaneRace {
-    let words = random_words(job.rq, job.pos, job.stream, y / 4u);
-    var r = race_entry(s, v.x, y, words.x, job.inv_t, job.drafted);
-    r = race_entry(r, v.y, y + 1u, words.y, job.inv_t, job.drafted);
-    r = race_entry(r, v.z, y + 2u, words.z, job.inv_t, job.drafted);
-    return race_entry(r, v.w, y + 3u, words.w, job.inv_t, job.drafted);
-}
-
-// The chunk's winner from every lane's part: the largest key, then the lowest index holding it
-// (the argmax with lowest-index ties does not depend on the order), then its logit. Every
-// invocation calls it when PARAM_FUSED_RACE is set; write_chunk stores the result. (The same
-// steps as residual_argmax's block end and verify's fold_fused_race, over other workgroup
-// variables: core WGSL cannot pass a workgroup pointer to a shared function.)
-fn race_fold(s: LaneRace) {
-    if (s.idx != NO_INDEX) {
-        atomicMax(&race_key, order_key(s.key));
-    }
-    if (s.dkey > bitcast<f32>(NEG_INF_BITS)) {
-        race_dkey = s.dkey;
-        race_dlogit = s.dlogit;
-    }
-    workgroupBarrier();
-    let top = atomicLoad(&race_key);
-    if (s.idx != NO_INDEX && order_key(s.key) == top) {
-        atomicMin(&race_idx, s.idx);
-    }
-    workgroupBarrier();
-    if (s.idx != NO_INDEX && s.idx == atomicLoad(&race_idx)) {
-        race_logit = s.logit;
-    }
-}
-
-// Lane 0: the race state of the next chunk.
-fn race_reset() {
-    let ninf = bitcast<f32>(NEG_INF_BITS);
-    atomicStore(&race_key, order_key(ninf));
-    atomicStore(&race_idx, NO_INDEX);
-    race_logit = 0.0;
-    race_dkey = ninf;
-    race_dlogit = 0.0;
-}
 
 fn acc_new() -> Acc {
     return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u, 0.0);
@@ -295,12 +206,6 @@ struct RowJob {
     dcut: f32,
     first_chunk: u32,
     last_chunk: u32,
-    // PARAM_FUSED_RACE: this row is raced here (a sampled request's row), with the request's
-    // key and this row's counter position and noise stream (residual_argmax.wgsl's choices).
-    race: bool,
-    rq: ReqInfo,
-    pos: vec2<u32>,
-    stream: u32,
 }
 
 // The job of workgroup (block `bx`, window row `local_row`).
@@ -334,14 +239,6 @@ fn row_job(bx: u32, local_row: u32) -> RowJob {
     }
     job.first_chunk = bx * params.block_chunks;
     job.last_chunk = min(job.first_chunk + params.block_chunks, params.num_chunks);
-    // Every sampled request's rows, typical ones too (their bonus token is sampled from p).
-    job.race = (params.flags & PARAM_FUSED_RACE) != 0u && !greedy;
-    job.rq = req;
-    job.pos = row_position(req, k_row);
-    job.stream = select(STREAM_RESIDUAL, STREAM_BONUS, k_row == req.num_drafts);
-    if ((req.flags & REQ_FAULT_SHARED_NOISE) != 0u) {
-        job.stream = STREAM_ACCEPT; // negative control, as in residual_argmax.wgsl
-    }
     return job;
 }
 
@@ -429,18 +326,6 @@ fn write_chunk(job: RowJob, chunk: u32) {
         }
     }
     chunk_stats[job.row * params.num_chunks + chunk] = out;
-    if ((params.flags & PARAM_FUSED_RACE) != 0u) {
-        if (job.race) {
-            var c: RowStats;
-            c.t_max = from_order_key(atomicLoad(&race_key));
-            c.t_arg = atomicLoad(&race_idx);
-            c.t_sum = race_logit;
-            c.q_max = race_dkey;
-            c.q_sum = race_dlogit;
-            chunk_stats[params.total_rows * params.num_chunks + job.row * params.num_chunks + chunk] = c;
-        }
-        race_reset();
-    }
 }
 
 @compute @workgroup_size(64)
@@ -466,16 +351,8 @@ fn word_chunks(job_in: RowJob, lane: u32) {
     let t_base = job.t_base;
     let d_base = job.d_base;
     let vec4_path = job.vec4_path;
-    let fused = (params.flags & PARAM_FUSED_RACE) != 0u;
-    if (fused) {
-        if (lane == 0u) {
-            race_reset();
-        }
-        workgroupBarrier();
-    }
     for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
         let begin = chunk * CHUNK;
-        var rr = race_new();
         // Loads go out 4 at a time before any is used (named values, not an array: an array
         // indexed in a loop may live in slow local memory), so each lane keeps 64 bytes in
         // flight instead of waiting out one memory latency per step. 8 at a time held more
@@ -496,12 +373,6 @@ fn word_chunks(job_in: RowJob, lane: u32) {
             t = push4_any(t, mask4(a1, cut), y0 + 256u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             t = push4_any(t, mask4(a2, cut), y0 + 512u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
             t = push4_any(t, mask4(a3, cut), y0 + 768u, inv_t, with_sum, ROW_T_NAN, ROW_T_POSINF, ent);
-            if (job.race) {
-                rr = race4(rr, mask4(a0, cut), y0, job);
-                rr = race4(rr, mask4(a1, cut), y0 + 256u, job);
-                rr = race4(rr, mask4(a2, cut), y0 + 512u, job);
-                rr = race4(rr, mask4(a3, cut), y0 + 768u, job);
-            }
             if (job.raw) {
                 w = push4_any(w, a0, y0, 1.0, true, 0u, 0u, false);
                 w = push4_any(w, a1, y0 + 256u, 1.0, true, 0u, 0u, false);
@@ -518,9 +389,6 @@ fn word_chunks(job_in: RowJob, lane: u32) {
                 q = push4_any(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
                 q = push4_any(q, mask4(b3, dcut), y0 + 768u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
             }
-        }
-        if (fused) {
-            race_fold(rr);
         }
         store_lane(lane, t, q, w);
         finish_chunk(job, lane, chunk);

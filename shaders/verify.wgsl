@@ -325,94 +325,6 @@ fn block_stop(info: ReqInfo) -> u32 {
 var<workgroup> first_stop: atomic<u32>;
 var<workgroup> any_nonfinite: atomic<u32>;
 
-// PARAM_FUSED_RACE: the stop row's race winner (order key, lowest index holding it, its logit)
-// and its drafted token's key and logit, from row_stats' chunk winners.
-var<workgroup> f_key: atomic<u32>;
-var<workgroup> f_idx: atomic<u32>;
-var<workgroup> f_logit: f32;
-var<workgroup> f_dkey: f32;
-var<workgroup> f_dlogit: f32;
-
-// PARAM_FUSED_RACE: folds the chunk winners row_stats raced for row `stop` of the request (at
-// chunk_stats[total_rows · num_chunks + row · num_chunks + chunk], common.wgsl) as
-// residual_argmax's merge folds its blocks: the largest key, then the lowest index holding it.
-// The drafted token's key comes from the one chunk that holds it. Every invocation calls it.
-fn fold_fused_race(info: ReqInfo, lane: u32, stop: u32) {
-    let ninf = bitcast<f32>(NEG_INF_BITS);
-    if (lane == 0u) {
-        atomicStore(&f_key, order_key(ninf));
-        atomicStore(&f_idx, NO_INDEX);
-        f_logit = 0.0;
-        f_dkey = ninf;
-        f_dlogit = 0.0;
-    }
-    workgroupBarrier();
-    let n = params.num_chunks;
-    let base = (params.total_rows + info.row_offset + stop) * n;
-    var key = ninf;
-    var idx = NO_INDEX;
-    var logit = 0.0;
-    for (var c = lane; c < n; c += 64u) {
-        let w = chunk_stats[base + c];
-        if (w.t_arg != NO_INDEX && better(w.t_max, w.t_arg, key, idx)) {
-            key = w.t_max;
-            idx = w.t_arg;
-            logit = w.t_sum;
-        }
-        if (w.q_max > ninf) {
-            f_dkey = w.q_max;
-            f_dlogit = w.q_sum;
-        }
-    }
-    if (idx != NO_INDEX) {
-        atomicMax(&f_key, order_key(key));
-    }
-    workgroupBarrier();
-    if (idx != NO_INDEX && order_key(key) == atomicLoad(&f_key)) {
-        atomicMin(&f_idx, idx);
-    }
-    workgroupBarrier();
-    if (idx != NO_INDEX && idx == atomicLoad(&f_idx)) {
-        f_logit = logit;
-    }
-    workgroupBarrier();
-}
-
-// PARAM_FUSED_RACE: the token of a residual or bonus task from the folded race, as
-// residual_argmax's merge writes it: the residual's winner (for a bonus or "from the target"
-// task p's, which also counts the drafted token); with no residual winner, p's and
-// STATUS_EMPTY_RESIDUAL; with neither, the argmax. Returns the token and its logit, and ORs the
-// status into `status`.
-fn fused_token(task: Task, st: RowStats, status: ptr<function, u32>) -> vec2<u32> {
-    let ninf = bitcast<f32>(NEG_INF_BITS);
-    let r_idx = atomicLoad(&f_idx);
-    let r_key = from_order_key(atomicLoad(&f_key));
-    // p's winner: the residual's, or the drafted token if its key beats it.
-    var p_idx = r_idx;
-    var p_logit = f_logit;
-    let d = task.draft_token;
-    if (d >= 0 && f_dkey > ninf && better(f_dkey, u32(d), r_key, r_idx)) {
-        p_idx = u32(d);
-        p_logit = f_dlogit;
-    }
-    var token = r_idx;
-    var logit = f_logit;
-    if (task.kind == TASK_FROM_TARGET) {
-        token = p_idx;
-        logit = p_logit;
-    }
-    if (token == NO_INDEX) {
-        token = p_idx;
-        logit = p_logit;
-        *status |= STATUS_EMPTY_RESIDUAL;
-    }
-    if (token == NO_INDEX) {
-        token = st.t_arg;
-        logit = st.t_max;
-    }
-    return vec2<u32>(token, bitcast<u32>(logit));
-}
-
 // Greedy requests (without raw logprobs) need of each row only its maximum, the lowest index
 // holding it and the flags, none of which depends on the order of the merge. So their rows
 // merge in parallel: every lane takes some of the request's chunk partials, the row's maximum
@@ -526,9 +438,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     storageBarrier();
     workgroupBarrier();
-    if ((params.flags & PARAM_FUSED_RACE) != 0u) {
-        fold_fused_race(info, lane, atomicLoad(&first_stop));
-    }
     if (block && params.draft_kind != DRAFT_NONE) {
         // R_j needs another pass over the rows: block_mass, then block_settle, finish it.
         if (lane == 0u) {
@@ -621,13 +530,6 @@ fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
         put_logprobs(info.out_offset + stop, logprobs_of(info, st, st.t_max));
     } else {
         task.kind = TASK_FROM_TARGET;
-    }
-    if ((params.flags & PARAM_FUSED_RACE) != 0u && (task.kind == TASK_ONE_HOT_RESIDUAL || task.kind == TASK_FROM_TARGET)) {
-        // Raced in row_stats, folded in `main`: no task for the residual pass.
-        let got = fused_token(task, st, &status);
-        final_token = i32(got.x);
-        put_logprobs(info.out_offset + stop, logprobs_of(info, st, bitcast<f32>(got.y)));
-        task.kind = TASK_NONE;
     }
     tasks[r] = task;
     // The emitted token (or -1 until the residual pass fills it).

@@ -132,10 +132,6 @@ pub const PARAM_RAW: u32 = 128;
 /// `Params::flags`: a tree batch (`crate::tree`): the residual pass takes each request's row
 /// position, noise stream, draft row and excluded tokens from the output's tree scratch.
 pub const PARAM_TREE: u32 = 256;
-/// `Params::flags`: a small one-hot batch whose residual and bonus races run inside row_stats
-/// (log-domain keys need no normaliser) and are settled by verify; no residual pass
-/// (`shaders/common.wgsl` PARAM_FUSED_RACE).
-pub const PARAM_FUSED_RACE: u32 = 512;
 
 /// Entries per statistics chunk. With [`CHUNK_LANES`] this fixes the order of every float
 /// operation of the statistics (see `shaders/common.wgsl`), independently of the batch.

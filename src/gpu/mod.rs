@@ -235,7 +235,7 @@ impl GpuBackend {
             checks::check_device_ids(plan, ids)?;
         }
         let max_rows = self.check_fit(plan, target, draft)?;
-        let shape = Shape::new(self, plan, target, draft, max_rows, false);
+        let shape = Shape::new(self, plan, target, draft, max_rows);
         self.ensure_workspace(ws, plan, &shape);
         let rows = self.write_metadata(ws, plan, &shape, target, draft);
         let ws = &*ws;

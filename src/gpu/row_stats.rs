@@ -68,19 +68,6 @@ impl GpuBackend {
         (self.target_workgroups / 8) as usize
     }
 
-    /// The most chunks (rows × chunks per row) for which row_stats races a one-hot batch's
-    /// sampled rows itself (`PARAM_FUSED_RACE`): a sixteenth of the workgroups a pass aims for
-    /// (512 by default: 13 rows of 151,936, 64 of 32,000). Racing every row costs a Philox call
-    /// per four entries of every sampled row, where the residual pass races one row per
-    /// request; in a small, latency-bound batch that work hides behind the row reads and saves
-    /// the residual pass's two dependent dispatches (about 2 µs each on an H100 before any work,
-    /// plus their own chains of loads: `docs/performance.md`, the chain floor). The bound is
-    /// kept low because the trade has not been timed on a GPU yet, and a GPU with little
-    /// arithmetic per byte pays the extra race sooner.
-    pub(super) fn fused_race_max_chunks(&self) -> u64 {
-        u64::from(self.target_workgroups / 16)
-    }
-
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
     /// workgroups in all. Tuning only: the statistics never depend on it.
     pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {

@@ -36,11 +36,8 @@ pub(super) struct Shape {
     pub filters: bool,
     /// Block requests with a draft distribution: block_mass and `block_settle` run.
     pub block_masses: bool,
-    /// Some request is not greedy and its race is left to residual_argmax, which runs.
+    /// Some request is not greedy: residual_argmax runs.
     pub needs_residual: bool,
-    /// row_stats races the sampled rows itself and verify settles them (`PARAM_FUSED_RACE`): a
-    /// small batch of one-hot drafts in one window, without filters, trees or the half paths.
-    pub fused_race: bool,
     /// The cutoff pass.
     pub cut: CutShape,
     /// Words of the packed output (read back).
@@ -50,15 +47,13 @@ pub(super) struct Shape {
 }
 
 impl Shape {
-    /// The shape of `plan` over the caller's rows, in windows of at most `max_rows` rows; `tree`
-    /// for a tree batch.
+    /// The shape of `plan` over the caller's rows, in windows of at most `max_rows` rows.
     pub fn new(
         g: &GpuBackend,
         plan: &Plan,
         target: GpuRows<'_>,
         draft: Option<GpuRows<'_>>,
         max_rows: usize,
-        tree: bool,
     ) -> Shape {
         let limits = g.device.limits();
         let n = plan.num_requests();
@@ -74,16 +69,6 @@ impl Shape {
             block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
         }
         let cut = CutShape::new(g, plan, &windows, filters);
-        let sampled = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
-        // The race needs no normaliser only without q (one-hot drafts) and filters; trees race
-        // a node's children in the residual pass; the half paths have no race.
-        let fused_race = sampled
-            && plan.draft_kind == DRAFT_NONE
-            && !filters
-            && !tree
-            && windows.len() == 1
-            && special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) == 0
-            && plan.total_rows as u64 * u64::from(num_chunks) <= g.fused_race_max_chunks();
         Shape {
             n,
             slot_size: super::bindings::PARAM_SLOT
@@ -97,12 +82,11 @@ impl Shape {
             special,
             filters,
             block_masses: plan.block_masses(),
-            needs_residual: sampled && !fused_race,
-            fused_race,
+            needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),
             cut,
             out_words: plan.out_words(),
             windows,
-            tree,
+            tree: false,
         }
     }
 
@@ -121,8 +105,7 @@ impl Shape {
             block_chunks: self.block_chunks,
             stats_blocks: self.stats_blocks,
             cut_slice: self.cut.slice,
-            flags: if self.tree { PARAM_TREE } else { 0 }
-                | if self.fused_race { PARAM_FUSED_RACE } else { 0 },
+            flags: if self.tree { PARAM_TREE } else { 0 },
             ..Params::default()
         }
     }

@@ -93,7 +93,8 @@ impl GpuBackend {
         self.check_alive()?;
         checks::check_buffers(plan, src.target, src.draft)?;
         let max_rows = self.check_fit(plan, src.target, src.draft)?;
-        let mut shape = Shape::new(self, plan, src.target, src.draft, max_rows, true);
+        let mut shape = Shape::new(self, plan, src.target, src.draft, max_rows);
+        shape.tree = true;
         let (table, tokens) = tree_table(tp);
         let at = scratch(tp, tokens.len());
         shape.out_words = at.headers;

@@ -169,7 +169,7 @@ pub(super) fn bind_window<'a>(
         });
     let p = Params {
         flags: if vec4 { PARAM_VEC4 } else { 0 }
-            | base.flags & (PARAM_TREE | PARAM_FUSED_RACE)
+            | base.flags & PARAM_TREE
             | if filters { PARAM_CUTOFF } else { 0 }
             | dtype_bits(target.dtype, 0)
             | plan.logprob_flags()

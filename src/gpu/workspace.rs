@@ -283,11 +283,9 @@ impl GpuBackend {
             (plan.rates.len() * 4) as u64,
         );
         ws.meta.ensure(dev, ws.meta_at.end());
-        // The chunk partials, then (PARAM_FUSED_RACE) each chunk's race winner.
-        let regions = if shape.fused_race { 2 } else { 1 };
         ws.block_stats.ensure(
             dev,
-            regions * plan.total_rows as u64 * u64::from(shape.num_chunks) * 48,
+            plan.total_rows as u64 * u64::from(shape.num_chunks) * 48,
         );
         ws.row_stats.ensure(dev, (plan.total_rows * 48) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
