@@ -10,11 +10,11 @@
 @group(0) @binding(1) var<storage, read> target_logits: array<u32>;
 @group(0) @binding(2) var<storage, read> draft_values: array<u32>;
 
-// PLAIN_F32 (set in row_stats, block_mass and residual_argmax pipelines): every row is f32 and no
-// request filters, so loads are plain f32 (and row_stats skips the cut-off mask). The dtype-dispatching
-// loads cost row_stats 12-45 % and residual_argmax 4 % on an H200 even when unused (measured with
-// `bench`), hence a specialisation. In the other kernels it stays false and the branch compiles
-// away.
+// PLAIN_F32: every row is f32, so loads are plain f32. Set in the cutoff, block_mass and
+// residual_argmax pipelines of f32 batches, and in row_stats' when no request filters either
+// (row_stats then skips the cut-off mask too). The dtype-dispatching loads cost row_stats 12-45 %,
+// residual_argmax 4 % and top-p calls 5 % on an H200 even when unused (measured with `bench`),
+// hence a specialisation.
 override PLAIN_F32: bool = false;
 // PLAIN_F16 / PLAIN_BF16 (row_stats only, at most one set): the target rows are f16 / bf16 and no
 // request filters; the draft rows may be of any type (they keep the dtype-dispatching loads).

@@ -66,7 +66,7 @@ impl GpuBackend {
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        let plain = shape.special & super::pipelines::SPECIAL_PLAIN_F32;
+        let plain = shape.plain_loads();
         pass.set_pipeline(self.special_pipeline(Kernel::BlockMass, "main", plain));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);

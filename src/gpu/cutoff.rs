@@ -203,7 +203,11 @@ impl GpuBackend {
             pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
             pass.dispatch_workgroups(1, rows, cut.sides);
             for _ in 0..cut.steps {
-                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "scan"));
+                pass.set_pipeline(self.special_pipeline(
+                    Kernel::Cutoff,
+                    "scan",
+                    shape.plain_loads(),
+                ));
                 pass.dispatch_workgroups(cut.slices, rows, cut.sides);
                 pass.set_pipeline(self.pipeline(Kernel::Cutoff, "pick"));
                 pass.dispatch_workgroups(1, rows, cut.sides);

@@ -76,7 +76,7 @@ impl GpuBackend {
         if !shape.needs_residual {
             return;
         }
-        let plain = shape.special & super::pipelines::SPECIAL_PLAIN_F32;
+        let plain = shape.plain_loads();
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", plain));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);

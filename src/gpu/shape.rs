@@ -34,6 +34,10 @@ pub(super) struct Shape {
     pub special: u32,
     /// Some request sets top-k / top-p / min-p: the cutoff pass runs.
     pub filters: bool,
+    /// Every row the kernels load is f32 (target rows, and draft rows when given): cutoff,
+    /// residual_argmax and block_mass take their `PLAIN_F32` pipelines (plain loads, no dtype
+    /// dispatch), filters or not. row_stats' `PLAIN_F32` also needs no filters (`special`).
+    pub f32_rows: bool,
     /// Block requests with a draft distribution: block_mass and `block_settle` run.
     pub block_masses: bool,
     /// Some request is not greedy: residual_argmax runs.
@@ -81,12 +85,24 @@ impl Shape {
             stats_blocks: num_chunks.div_ceil(block_chunks),
             special,
             filters,
+            f32_rows: target.dtype == crate::Dtype::F32
+                && draft.is_none_or(|d| d.dtype == crate::Dtype::F32),
             block_masses: plan.block_masses(),
             needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),
             cut,
             out_words: plan.out_words(),
             windows,
             tree: false,
+        }
+    }
+
+    /// The specialisation of the kernels whose only `PLAIN_F32` use is their loads (cutoff's scan,
+    /// residual_argmax, block_mass): `SPECIAL_PLAIN_F32` for f32 rows, else 0.
+    pub fn plain_loads(&self) -> u32 {
+        if self.f32_rows {
+            super::pipelines::SPECIAL_PLAIN_F32
+        } else {
+            0
         }
     }
 
