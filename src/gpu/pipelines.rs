@@ -27,6 +27,9 @@ pub(super) const SPECIAL_PLAIN_F32: u32 = 4;
 pub(super) const SPECIAL_PLAIN_F16: u32 = 8;
 /// row_stats specialisation: bf16 target rows and no cut-off (8 entries per 16-byte load).
 pub(super) const SPECIAL_PLAIN_BF16: u32 = 16;
+/// row_stats specialisation: every request greedy and no raw sums, so each row's maximum, its
+/// index and the flags are all it keeps (no softmax sums, no draft rows).
+pub(super) const SPECIAL_MAX_ONLY: u32 = 32;
 
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
@@ -34,8 +37,10 @@ pub(super) const SPECIAL_PLAIN_BF16: u32 = 16;
 fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
         // Every combination of SPECIAL_RAW and SPECIAL_ENTROPY with none or one of the
-        // SPECIAL_PLAIN_* bits.
-        Kernel::RowStats => &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19],
+        // SPECIAL_PLAIN_* bits; SPECIAL_MAX_ONLY (never with the sums) with each load path.
+        Kernel::RowStats => &[
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48,
+        ],
         // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
         // specialisation keeps their rescaling out of the chunk merge when they are off.
         Kernel::Verify => &[0, 1, 2, 3],
@@ -184,6 +189,7 @@ fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static st
         constants.push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));
         constants.push(("PLAIN_F16", f64::from((special & SPECIAL_PLAIN_F16) >> 3)));
         constants.push(("PLAIN_BF16", f64::from((special & SPECIAL_PLAIN_BF16) >> 4)));
+        constants.push(("MAX_ONLY", f64::from((special & SPECIAL_MAX_ONLY) >> 5)));
     }
     constants
 }
