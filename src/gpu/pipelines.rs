@@ -30,6 +30,9 @@ pub(super) const SPECIAL_PLAIN_BF16: u32 = 16;
 /// row_stats specialisation: every request greedy and no raw sums, so each row's maximum, its
 /// index and the flags are all it keeps (no softmax sums, no draft rows).
 pub(super) const SPECIAL_MAX_ONLY: u32 = 32;
+/// residual_argmax specialisation: no task subtracts q (one-hot drafts, not a tree), so every
+/// race is keyed in the log domain and the linear keys' code is compiled out.
+pub(super) const SPECIAL_LOG_KEYS: u32 = 64;
 
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
@@ -46,8 +49,9 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         Kernel::Verify => &[0, 1, 2, 3],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
-        // `docs/performance.md`).
-        Kernel::Cutoff | Kernel::ResidualArgmax | Kernel::BlockMass => &[0, SPECIAL_PLAIN_F32],
+        // `docs/performance.md`); residual_argmax also without the linear keys' code.
+        Kernel::Cutoff | Kernel::BlockMass => &[0, SPECIAL_PLAIN_F32],
+        Kernel::ResidualArgmax => &[0, 4, 64, 68],
         _ => &[0],
     }
 }
@@ -182,6 +186,9 @@ fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static st
         Kernel::Cutoff | Kernel::ResidualArgmax | Kernel::BlockMass
     ) {
         constants.push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));
+    }
+    if kernel == Kernel::ResidualArgmax {
+        constants.push(("LOG_KEYS", f64::from((special & SPECIAL_LOG_KEYS) >> 6)));
     }
     if kernel == Kernel::RowStats {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));

@@ -76,8 +76,16 @@ impl GpuBackend {
         if !shape.needs_residual {
             return;
         }
-        let plain = shape.plain_loads();
-        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", plain));
+        // Without q (and outside trees, whose walk sets the tasks) every race is keyed in the
+        // log domain: the pipeline without the linear keys' code took the residual pass to
+        // 0.92x on an H200 (`docs/performance.md`).
+        let log_keys = if shape.no_q && !shape.tree {
+            super::pipelines::SPECIAL_LOG_KEYS
+        } else {
+            0
+        };
+        let special = shape.plain_loads() | log_keys;
+        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", special));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
             pass.dispatch_workgroups(shape.num_blocks, (w.req_end - w.req_begin) as u32, 1);

@@ -38,6 +38,8 @@ pub(super) struct Shape {
     /// residual_argmax and block_mass take their `PLAIN_F32` pipelines (plain loads, no dtype
     /// dispatch), filters or not. row_stats' `PLAIN_F32` also needs no filters (`special`).
     pub f32_rows: bool,
+    /// No draft values (one-hot drafts): no residual subtracts q.
+    pub no_q: bool,
     /// Block requests with a draft distribution: block_mass and `block_settle` run.
     pub block_masses: bool,
     /// Some request is not greedy: residual_argmax runs.
@@ -87,6 +89,7 @@ impl Shape {
             filters,
             f32_rows: target.dtype == crate::Dtype::F32
                 && draft.is_none_or(|d| d.dtype == crate::Dtype::F32),
+            no_q: plan.draft_kind == DRAFT_NONE,
             block_masses: plan.block_masses(),
             needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),
             cut,
