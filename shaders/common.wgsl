@@ -325,12 +325,6 @@ fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
     return w < exp(z - bound);
 }
 
-// The race's order: a larger key wins, equal keys go to the lower index (so a race's winner does
-// not depend on how it was split).
-fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
-    return key > best_key || (key == best_key && idx < best_idx);
-}
-
 // An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back: workgroup atomics take
 // the largest of f32 values of either sign through it.
 fn order_key(x: f32) -> u32 {

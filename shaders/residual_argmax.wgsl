@@ -39,6 +39,12 @@ var<workgroup> win_p: atomic<u32>;
 var<workgroup> win_rl: f32;
 var<workgroup> win_pl: f32;
 
+// The race's order: a larger key wins, equal keys go to the lower index (so a race's winner does
+// not depend on how it was split).
+fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
+    return key > best_key || (key == best_key && idx < best_idx);
+}
+
 // LOG_KEYS: the batch has no draft values (one-hot drafts) and is not a tree, so no task
 // subtracts q, every race is keyed in the log domain and no token is excluded. The tasks say so
 // already; the constant takes the linear keys' and the exclusions' code out of the pipeline

@@ -51,7 +51,12 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
         // `docs/performance.md`); residual_argmax also without the linear keys' code.
         Kernel::Cutoff | Kernel::BlockMass => &[0, SPECIAL_PLAIN_F32],
-        Kernel::ResidualArgmax => &[0, 4, 64, 68],
+        Kernel::ResidualArgmax => &[
+            0,
+            SPECIAL_PLAIN_F32,
+            SPECIAL_LOG_KEYS,
+            SPECIAL_PLAIN_F32 | SPECIAL_LOG_KEYS,
+        ],
         _ => &[0],
     }
 }
