@@ -7,10 +7,10 @@ pub const COMMON: &str = include_str!("../shaders/common.wgsl");
 /// The row bindings (0–2) and their loaders `t_elem` / `d_elem`, shared by the kernels that
 /// read logit rows ([`Kernel::reads_rows`]).
 pub const ROWS: &str = include_str!("../shaders/rows.wgsl");
-/// `mulhi32` for any device (16-bit halves).
-pub const MULHI_U32: &str = include_str!("../shaders/mulhi_u32.wgsl");
-/// `mulhi32` for devices with `SHADER_INT64` (one wide multiply).
-pub const MULHI_INT64: &str = include_str!("../shaders/mulhi_int64.wgsl");
+/// `mul_wide` for any device (the high word from 16-bit halves).
+pub const MUL_WIDE_U32: &str = include_str!("../shaders/mul_wide_u32.wgsl");
+/// `mul_wide` for devices with `SHADER_INT64` (one wide multiply).
+pub const MUL_WIDE_INT64: &str = include_str!("../shaders/mul_wide_int64.wgsl");
 
 /// A pipeline variant: which optional device features the kernels use. Every variant computes
 /// the same bits; the portable one (`Variant::default()`) runs everywhere.
@@ -105,24 +105,24 @@ impl Kernel {
         )
     }
 
-    /// The full source handed to the device for `variant`: common declarations, the `mulhi32`
+    /// The full source handed to the device for `variant`: common declarations, the `mul_wide`
     /// of the variant, [`ROWS`] for the kernels that read rows, then the kernel.
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
     /// replaces the built-in kernel body (to time shader experiments on a device without
     /// rebuilding). Never set it in production.
     pub fn source(self, variant: Variant) -> String {
-        let mulhi = if variant.int64 {
-            MULHI_INT64
+        let mul_wide = if variant.int64 {
+            MUL_WIDE_INT64
         } else {
-            MULHI_U32
+            MUL_WIDE_U32
         };
         let body = std::env::var_os("SPECDEC_SHADER_DIR")
             .map(|dir| std::path::Path::new(&dir).join(format!("{}.wgsl", self.name())))
             .and_then(|path| std::fs::read_to_string(path).ok())
             .unwrap_or_else(|| self.body().to_string());
         let rows = if self.reads_rows() { ROWS } else { "" };
-        format!("{COMMON}\n{mulhi}\n{rows}\n{body}")
+        format!("{COMMON}\n{mul_wide}\n{rows}\n{body}")
     }
 }
 
@@ -169,9 +169,9 @@ pub fn validate_variant(
 pub const GATHER_ROWS: &str = include_str!("../shaders/gather_rows.wgsl");
 
 /// The full source of `gather_rows` handed to the device: common declarations, the portable
-/// `mulhi32`, then the kernel (entry point `main`, workgroup size from the `WG` override).
+/// `mul_wide`, then the kernel (entry point `main`, workgroup size from the `WG` override).
 pub fn gather_rows_source() -> String {
-    format!("{COMMON}\n{MULHI_U32}\n{GATHER_ROWS}")
+    format!("{COMMON}\n{MUL_WIDE_U32}\n{GATHER_ROWS}")
 }
 
 /// Parses and validates `gather_rows` with naga (no GPU needed).
