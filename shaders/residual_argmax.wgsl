@@ -14,7 +14,8 @@
 // emulation.
 //
 // Dispatch `block`: x = vocab block, y = request within the window (requests whose task row lies
-// in another window skip). Each lane handles groups of 4 consecutive entries (one Philox call).
+// in another window skip), z = local row with EARLY (else 1). Each lane handles groups of 4
+// consecutive entries (one Philox call).
 // Dispatch `merge`: one workgroup per request folds its blocks and writes the token.
 
 // Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
@@ -50,6 +51,15 @@ fn better(key: f32, idx: u32, best_key: f32, best_idx: u32) -> bool {
 // already; the constant takes the linear keys' and the exclusions' code out of the pipeline
 // (residual pass 0.92x on an H200, measured as a shader variant with the same two constants).
 override LOG_KEYS: bool = false;
+// EARLY (with LOG_KEYS, small one-hot batches): `block` runs beside row_stats, before verify has
+// chosen any row, and races every row of every sampled request (dispatch z = the local row):
+// each rejected-draft row without its drafted token (the r race) and with it (the p race), and
+// the bonus row. Log-domain keys need no row statistics, and the pass writes only `candidates`,
+// so wgpu puts no barrier between it and row_stats and the two overlap (one-hot R = 1 calls
+// 0.83-0.86x on an H200 with the race moved there, `docs/performance.md`). `merge` then reads
+// the candidates of the row verify stopped at. Binding 2 holds the draft ids in this mode (one-hot
+// batches have no draft values).
+override EARLY: bool = false;
 
 // What the race needs to know about the row being resampled.
 struct RaceCtx {
@@ -199,12 +209,42 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32,
     return best;
 }
 
+// EARLY: the task of local row `lr` as verify would set it were the request to stop there:
+// a rejected one-hot draft (its drafted token excluded from the r race) or the bonus row; none
+// for greedy requests and rows past the request's own.
+fn early_task(info: ReqInfo, lr: u32) -> Task {
+    var t = Task(TASK_NONE, lr, -1, 0u);
+    if ((info.flags & REQ_GREEDY) != 0u || lr > info.num_drafts) {
+        return t;
+    }
+    if (lr < info.num_drafts) {
+        t.kind = TASK_ONE_HOT_RESIDUAL;
+        t.draft_token = bitcast<i32>(draft_values[info.draft_offset + lr]);
+    } else {
+        t.kind = TASK_FROM_TARGET;
+    }
+    return t;
+}
+
+// The candidates' row of request r: one per request, or with EARLY one per (request, local row).
+fn candidate_row(r: u32, local_row: u32) -> u32 {
+    if (EARLY) {
+        return r * params.out_stride + local_row;
+    }
+    return r;
+}
+
 @compute @workgroup_size(WG)
 fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let block_id = wid.x;
     let r = params.req_begin + wid.y;
-    let task = tasks[r];
     let info = requests[r];
+    var task: Task;
+    if (EARLY) {
+        task = early_task(info, wid.z);
+    } else {
+        task = tasks[r];
+    }
     let row = info.row_offset + task.local_row;
     let in_window = task.kind != TASK_NONE && row >= params.row_begin
         && row < params.row_begin + params.row_count;
@@ -313,7 +353,7 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     workgroupBarrier();
     if (lane == 0u && in_window) {
-        candidates[r * params.num_blocks + block_id] = Candidate(from_order_key(top_r), idx_r, from_order_key(top_p), idx_p, win_rl, win_pl, 0u, 0u);
+        candidates[candidate_row(r, task.local_row) * params.num_blocks + block_id] = Candidate(from_order_key(top_r), idx_r, from_order_key(top_p), idx_p, win_rl, win_pl, 0u, 0u);
     }
 }
 
@@ -356,8 +396,9 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let info = requests[r];
     let st = row_stats[select(0u, info.row_offset + task.local_row, task.kind != TASK_NONE)];
     var best = Candidate(ninf, NO_INDEX, ninf, NO_INDEX, 0.0, 0.0, 0u, 0u);
+    let cand_base = candidate_row(r, task.local_row) * params.num_blocks;
     for (var b = lane; b < params.num_blocks; b += 64u) {
-        let c = candidates[r * params.num_blocks + b];
+        let c = candidates[cand_base + b];
         if (better(c.r_key, c.r_idx, best.r_key, best.r_idx)) {
             best.r_key = c.r_key;
             best.r_idx = c.r_idx;
@@ -394,8 +435,11 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (lane != 0u || task.kind == TASK_NONE) {
         return;
     }
-    var token = idx_r;
-    var logit = m_logit_r;
+    // An early race excluded the drafted token from every draft row's r race; a task taking
+    // the target's own sample wants the p race (in the other modes r equals p for it).
+    let use_p = EARLY && task.kind == TASK_FROM_TARGET;
+    var token = select(idx_r, idx_p, use_p);
+    var logit = select(m_logit_r, m_logit_p, use_p);
     if (token == NO_INDEX) {
         // Empty residual (p == q, or p concentrated on the rejected draft): fall back to p.
         token = idx_p;

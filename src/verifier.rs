@@ -22,6 +22,13 @@ pub struct VerifierOptions {
     /// GPU at small batches, few enough to keep each one busy at large batches. Tuning only: the
     /// results never depend on it.
     pub target_workgroups: u32,
+    /// One-hot batches (no draft values) whose sampled requests' draft rows hold at most this
+    /// many vocabulary entries in all (default 1,250,000; 0 turns it off) race every row while
+    /// the statistics pass runs, instead of the chosen row after verify: the race needs no row
+    /// statistics there, so it overlaps row_stats and leaves the chain a dispatch shorter, at
+    /// the cost of racing k + 1 rows per request instead of one. The default is where an H200
+    /// stopped gaining (`docs/performance.md`). Tuning only: the tokens never depend on it.
+    pub early_race_entries: u64,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.
     pub workgroup_size: Option<u32>,
@@ -61,6 +68,7 @@ impl Default for VerifierOptions {
     fn default() -> Self {
         VerifierOptions {
             target_workgroups: 8192,
+            early_race_entries: 1_250_000,
             workgroup_size: None,
             shader_int64: true,
             shader_checks: None,

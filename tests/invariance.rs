@@ -337,3 +337,70 @@ fn gpu_agrees_with_the_cpu_twin() {
         "{differing} of {requests} differ"
     );
 }
+
+#[test]
+fn early_race_gives_the_tokens_of_the_race_after_verify() {
+    // Small one-hot batches race every row beside the statistics pass (early_race_entries);
+    // the tokens must be those of the race over the row verify chose, whatever the batch:
+    // rejections and bonus rows, greedy requests among sampled ones, ragged k, filters, row
+    // windows. (GPU-resident draft ids: draft_ids_on_the_gpu_equal_draft_ids_on_the_host, whose
+    // small one-hot batch takes the early race by default.)
+    let Some(_) = gpu() else { return };
+    let with = |entries: u64, max_binding_bytes: Option<u64>| {
+        Verifier::new(VerifierOptions {
+            early_race_entries: entries,
+            max_binding_bytes,
+            ..VerifierOptions::default()
+        })
+        .unwrap()
+    };
+    let late = with(0, None);
+    let early = with(u64::MAX, None);
+    let early_windows = with(u64::MAX, Some(3 * 1500 * 4 + 256));
+    let (mut bonus, mut resampled) = (0usize, 0usize);
+    for seed in 0..6u64 {
+        let mut g = Gen::new(700 + seed);
+        // p_argmax 1.0 at a low temperature accepts most drafts (bonus rows); 0.3 rejects most.
+        let p_argmax = [1.0, 0.3][seed as usize % 2];
+        let temps = [[0.05, 0.0, 0.1, 0.02], [1.0, 0.0, 0.7, 1.5]][seed as usize % 2];
+        let mut b = Owned::random(&mut g, 1500, &[3, 0, 5, 1, 2, 4, 0, 3], &temps, 0, p_argmax);
+        if seed >= 4 {
+            // Filters: the cut-offs the early race reads come from the pass before it.
+            for (i, r) in b.requests.iter_mut().enumerate() {
+                r.params = match i % 3 {
+                    0 => r.params.with_top_k(40),
+                    1 => r.params.with_top_p(0.8),
+                    _ => r.params,
+                };
+            }
+        }
+        let want = late.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(
+            early.verify_blocking(&b.batch()).unwrap(),
+            want,
+            "seed {seed}"
+        );
+        assert_eq!(
+            early_windows.verify_blocking(&b.batch()).unwrap(),
+            want,
+            "seed {seed}, row windows"
+        );
+        assert_eq!(
+            cpu().verify_blocking(&b.batch()).unwrap(),
+            want,
+            "seed {seed} vs CPU"
+        );
+        for (r, req) in b.requests.iter().enumerate() {
+            if req.params.temperature > 0.0 {
+                let n = want.emitted(r).len();
+                bonus += (n == req.num_drafts as usize + 1) as usize;
+                resampled += (n <= req.num_drafts as usize) as usize;
+            }
+        }
+    }
+    // Both kinds of early-raced row must have decided some request, or the test proves little.
+    assert!(
+        bonus >= 3 && resampled >= 3,
+        "bonus {bonus}, resampled {resampled}"
+    );
+}

@@ -120,6 +120,8 @@ pub(crate) struct GpuBackend {
     pub info: wgpu::AdapterInfo,
     wg: u32,
     target_workgroups: u32,
+    /// `VerifierOptions::early_race_entries`.
+    early_race_entries: u64,
     max_binding: u64,
     timeout: Duration,
     layouts: Layouts,
@@ -191,6 +193,7 @@ impl GpuBackend {
             info,
             wg,
             target_workgroups: opts.target_workgroups,
+            early_race_entries: opts.early_race_entries,
             max_binding,
             timeout: opts.timeout,
             layouts,
@@ -235,7 +238,7 @@ impl GpuBackend {
             checks::check_device_ids(plan, ids)?;
         }
         let max_rows = self.check_fit(plan, target, draft)?;
-        let shape = Shape::new(self, plan, target, draft, max_rows);
+        let shape = Shape::new(self, plan, (target, draft), max_rows, false);
         self.ensure_workspace(ws, plan, &shape);
         let rows = self.write_metadata(ws, plan, &shape, target, draft);
         let ws = &*ws;
@@ -246,13 +249,15 @@ impl GpuBackend {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &rows);
             let masses = self.block_mass_groups(ws, &shape, &rows);
-            let residual = self.residual_groups(ws, &rows);
+            let residual = self.residual_groups(ws, &shape, &rows);
             let verify = self.verify_group(ws, &shape);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
                     // The cut-offs are timed with row_stats when profiling per kernel.
                     self.record_cutoff(pass, &shape, &cutoff);
                     self.record_row_stats(pass, &shape, &stats);
+                    // Beside row_stats, not after it (timed with it when profiling per kernel).
+                    self.record_residual_early(pass, &shape, &residual);
                 },
                 &|pass| {
                     self.record_verify(pass, &shape, &verify);

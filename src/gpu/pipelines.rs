@@ -33,6 +33,9 @@ pub(super) const SPECIAL_MAX_ONLY: u32 = 32;
 /// residual_argmax specialisation: no task subtracts q (one-hot drafts, not a tree), so every
 /// race is keyed in the log domain and the linear keys' code is compiled out.
 pub(super) const SPECIAL_LOG_KEYS: u32 = 64;
+/// residual_argmax specialisation (with `SPECIAL_LOG_KEYS`): the early race, every row of a
+/// small one-hot batch raced beside row_stats, the merge reading the stopping row's candidates.
+pub(super) const SPECIAL_EARLY: u32 = 128;
 
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
@@ -49,13 +52,16 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         Kernel::Verify => &[0, 1, 2, 3],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
-        // `docs/performance.md`); residual_argmax also without the linear keys' code.
+        // `docs/performance.md`); residual_argmax also without the linear keys' code, and
+        // then also as the early race.
         Kernel::Cutoff | Kernel::BlockMass => &[0, SPECIAL_PLAIN_F32],
         Kernel::ResidualArgmax => &[
             0,
             SPECIAL_PLAIN_F32,
             SPECIAL_LOG_KEYS,
             SPECIAL_PLAIN_F32 | SPECIAL_LOG_KEYS,
+            SPECIAL_LOG_KEYS | SPECIAL_EARLY,
+            SPECIAL_PLAIN_F32 | SPECIAL_LOG_KEYS | SPECIAL_EARLY,
         ],
         _ => &[0],
     }
@@ -194,6 +200,7 @@ fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static st
     }
     if kernel == Kernel::ResidualArgmax {
         constants.push(("LOG_KEYS", f64::from((special & SPECIAL_LOG_KEYS) >> 6)));
+        constants.push(("EARLY", f64::from((special & SPECIAL_EARLY) >> 7)));
     }
     if kernel == Kernel::RowStats {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));

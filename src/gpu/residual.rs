@@ -37,10 +37,12 @@ impl GpuBackend {
         len.max(vocab.div_ceil(max_blocks).next_multiple_of(4))
     }
 
-    /// One residual_argmax bind group per window.
+    /// One residual_argmax bind group per window. The early race reads the draft ids at binding
+    /// 2 (its one-hot batches have no draft values there).
     pub(super) fn residual_groups(
         &self,
         ws: &Workspace,
+        shape: &Shape,
         rows: &[WindowRows<'_>],
     ) -> Vec<wgpu::BindGroup> {
         rows.iter()
@@ -52,7 +54,11 @@ impl GpuBackend {
                     &[
                         params_entry(ws),
                         r.target(),
-                        r.draft(&self.dummy),
+                        if shape.early {
+                            ws.meta_entry(2, ws.meta_at.draft_ids)
+                        } else {
+                            r.draft(&self.dummy)
+                        },
                         ws.meta_entry(3, ws.meta_at.requests),
                         entry(4, ws.row_stats.get()),
                         entry(5, ws.tasks.get()),
@@ -65,15 +71,40 @@ impl GpuBackend {
             .collect()
     }
 
+    /// Dispatches the early race (`SPECIAL_EARLY`, when the shape takes it): residual_argmax's
+    /// `block` over every window, one workgroup per (vocabulary block, request, local row).
+    /// Recorded right after row_stats: it writes only the candidates, which nothing before it
+    /// touches, so wgpu orders it after nothing and the two run side by side.
+    pub(super) fn record_residual_early(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        groups: &[wgpu::BindGroup],
+    ) {
+        if !shape.early {
+            return;
+        }
+        let special = shape.plain_loads()
+            | super::pipelines::SPECIAL_LOG_KEYS
+            | super::pipelines::SPECIAL_EARLY;
+        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", special));
+        for (i, w) in shape.windows.iter().enumerate() {
+            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            let requests = (w.req_end - w.req_begin) as u32;
+            pass.dispatch_workgroups(shape.num_blocks, requests, shape.candidate_rows);
+        }
+    }
+
     /// Dispatches residual_argmax's `block` over every window: one workgroup per (vocabulary
-    /// block, request). An all-greedy batch has nothing to resample and dispatches nothing.
+    /// block, request). An all-greedy batch has nothing to resample and dispatches nothing, nor
+    /// does one whose early race ran beside row_stats.
     pub(super) fn record_residual_blocks(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        if !shape.needs_residual {
+        if !shape.needs_residual || shape.early {
             return;
         }
         // Without q (and outside trees, whose walk sets the tasks) every race is keyed in the
@@ -103,7 +134,15 @@ impl GpuBackend {
         if !shape.needs_residual {
             return;
         }
-        pass.set_pipeline(self.pipeline(Kernel::ResidualArgmax, "merge"));
+        // The merge's only specialisation is where the early race left its candidates.
+        let special = if shape.early {
+            shape.plain_loads()
+                | super::pipelines::SPECIAL_LOG_KEYS
+                | super::pipelines::SPECIAL_EARLY
+        } else {
+            0
+        };
+        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "merge", special));
         pass.set_bind_group(0, &groups[0], &[0]);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);
     }

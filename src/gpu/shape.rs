@@ -50,21 +50,32 @@ pub(super) struct Shape {
     pub out_words: usize,
     /// A tree batch (`PARAM_TREE`): the residual pass reads the walk's race headers.
     pub tree: bool,
+    /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
+    /// sampled request beside row_stats, one candidate row per (request, local row).
+    pub early: bool,
+    /// Candidate rows the residual pass writes per request: one, or with the early race one per
+    /// output slot (k_max + 1, its dispatch's z).
+    pub candidate_rows: u32,
 }
 
 impl Shape {
-    /// The shape of `plan` over the caller's rows, in windows of at most `max_rows` rows.
+    /// The shape of `plan` over the caller's rows, in windows of at most `max_rows` rows; `tree`
+    /// for a tree batch (`PARAM_TREE`).
     pub fn new(
         g: &GpuBackend,
         plan: &Plan,
-        target: GpuRows<'_>,
-        draft: Option<GpuRows<'_>>,
+        (target, draft): (GpuRows<'_>, Option<GpuRows<'_>>),
         max_rows: usize,
+        tree: bool,
     ) -> Shape {
         let limits = g.device.limits();
         let n = plan.num_requests();
         let windows = plan_windows(plan, max_rows);
-        let block_len = g.residual_block_len(plan.vocab, n);
+        let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
+        let early = needs_residual && !tree && early_race(plan, g.early_race_entries);
+        // The early race runs one race per sampled row, the other modes one per request.
+        let races = if early { sampled_rows(plan) } else { n };
+        let block_len = g.residual_block_len(plan.vocab, races);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
         let special = row_stats::special(plan, filters, target, draft, g.half_min_chunks());
@@ -91,11 +102,13 @@ impl Shape {
                 && draft.is_none_or(|d| d.dtype == crate::Dtype::F32),
             no_q: plan.draft_kind == DRAFT_NONE,
             block_masses: plan.block_masses(),
-            needs_residual: plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0),
+            needs_residual,
             cut,
             out_words: plan.out_words(),
             windows,
-            tree: false,
+            tree,
+            early,
+            candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
     }
 
@@ -128,4 +141,35 @@ impl Shape {
             ..Params::default()
         }
     }
+}
+
+/// Draft rows of the requests that sample (not greedy): the rows an early race adds to the one
+/// per request a race after verify takes.
+fn sampled_draft_rows(plan: &Plan) -> usize {
+    plan.reqs
+        .iter()
+        .filter(|r| r.flags & REQ_GREEDY == 0)
+        .map(|r| r.num_drafts as usize)
+        .sum()
+}
+
+/// Rows of the requests that sample: the rows an early race races.
+fn sampled_rows(plan: &Plan) -> usize {
+    sampled_draft_rows(plan)
+        + plan
+            .reqs
+            .iter()
+            .filter(|r| r.flags & REQ_GREEDY == 0)
+            .count()
+}
+
+/// Whether a chain batch (trees race the slots their walk chooses) takes the early race:
+/// one-hot drafts (no q, so every race is keyed in the log domain and needs no row
+/// statistics), some drafts (binding 2 holds their ids), and at most `max_entries` vocabulary
+/// entries in the rows it adds (the sampled requests' draft rows). Racing k + 1 rows per request
+/// instead of one pays only while the GPU has room beside row_stats (`docs/performance.md`).
+fn early_race(plan: &Plan, max_entries: u64) -> bool {
+    plan.draft_kind == DRAFT_NONE
+        && plan.total_drafts > 0
+        && sampled_draft_rows(plan) as u64 * u64::from(plan.vocab) <= max_entries
 }

@@ -93,8 +93,7 @@ impl GpuBackend {
         self.check_alive()?;
         checks::check_buffers(plan, src.target, src.draft)?;
         let max_rows = self.check_fit(plan, src.target, src.draft)?;
-        let mut shape = Shape::new(self, plan, src.target, src.draft, max_rows);
-        shape.tree = true;
+        let mut shape = Shape::new(self, plan, (src.target, src.draft), max_rows, true);
         let (table, tokens) = tree_table(tp);
         let at = scratch(tp, tokens.len());
         shape.out_words = at.headers;
@@ -138,7 +137,7 @@ impl GpuBackend {
                 self.dummy.as_entire_buffer_binding(),
             ];
             let walk = self.verify_group_over(ws, tables);
-            let residual = self.residual_groups(ws, &rows);
+            let residual = self.residual_groups(ws, &shape, &rows);
             let special = shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {

@@ -289,8 +289,9 @@ impl GpuBackend {
         );
         ws.row_stats.ensure(dev, (plan.total_rows * 48) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
+        let cand_rows = n as u64 * u64::from(shape.candidate_rows);
         ws.candidates
-            .ensure(dev, n as u64 * u64::from(shape.num_blocks) * 32);
+            .ensure(dev, cand_rows * u64::from(shape.num_blocks) * 32);
         ws.cutoffs.ensure(dev, (shape.cut.words * 4) as u64);
         // Block masses: a partial per (row, chunk), only for batches with block requests that
         // give a draft distribution (the others bind the dummy).

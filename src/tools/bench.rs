@@ -85,6 +85,8 @@ pub struct BenchConfig {
     pub baseline_vocab: u32,
     /// `VerifierOptions::target_workgroups` of the verifier under test.
     pub target_workgroups: u32,
+    /// `VerifierOptions::early_race_entries` of the verifier under test.
+    pub early_race_entries: u64,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
@@ -124,6 +126,7 @@ impl BenchConfig {
             baseline_k: 4,
             baseline_vocab: 151_936,
             target_workgroups: VerifierOptions::default().target_workgroups,
+            early_race_entries: VerifierOptions::default().early_race_entries,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -147,6 +150,7 @@ impl BenchConfig {
             baseline_k: 4,
             baseline_vocab: 32_000,
             target_workgroups: VerifierOptions::default().target_workgroups,
+            early_race_entries: VerifierOptions::default().early_race_entries,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -458,6 +462,7 @@ impl GpuBench {
         // The options under test; SHADER_INT64 follows the device `bench_device` created.
         let opts = VerifierOptions {
             target_workgroups: cfg.target_workgroups,
+            early_race_entries: cfg.early_race_entries,
             shader_checks: cfg.shader_checks,
             workgroup_size: cfg.workgroup_size,
             ..VerifierOptions::default()
@@ -1768,6 +1773,8 @@ Options:
   --reps N            timed calls per point (at most 512)   --no-baseline  skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
+  --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
+                      row_stats (VerifierOptions::early_race_entries; 0 = off)
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
@@ -1863,6 +1870,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--k" => cfg.ks = parse_list("--k", &value()?)?,
             "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
             "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
+            "--early-race" => cfg.early_race_entries = parse_one("--early-race", &value()?)?,
             "--out" => out = value()?.into(),
             "--modes" => {
                 cfg.modes = value()?
