@@ -326,9 +326,11 @@ fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
 }
 
 // An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back: workgroup atomics take
-// the largest of f32 values of either sign through it.
+// the largest of f32 values of either sign through it. -0.0 takes +0.0's key: the two are equal
+// as f32 values, so a maximum held by both goes to the lowest index holding either, as the
+// twin's f32 comparisons decide (an integer test: no float rule can fold it away).
 fn order_key(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
+    let b = select(bitcast<u32>(x), 0u, bitcast<u32>(x) == 0x80000000u);
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 fn from_order_key(k: u32) -> f32 {

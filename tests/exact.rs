@@ -67,6 +67,32 @@ fn greedy_ties_go_to_the_lowest_index() {
 }
 
 #[test]
+fn greedy_ties_between_signed_zeros_go_to_the_lowest_index() {
+    // -0.0 and +0.0 are equal logits: the maximum 0 is held first (index 100, chunk 0) by -0.0
+    // and later (index 5000, chunk 1) by +0.0, so the argmax is 100 on every backend, whichever
+    // way the chunks are merged (in order, or in parallel through order keys of the values).
+    each_backend(|v: &Verifier| {
+        let mut r = row(9000, -1.0, &[(5000, 0.0)]);
+        r[100] = -0.0;
+        let mut later = r.clone();
+        later[100] = 0.0;
+        later[5000] = -0.0;
+        let b = explicit(
+            9000,
+            &[
+                (greedy(), vec![], vec![r.clone()]),
+                (greedy(), vec![5000], vec![r, later.clone()]),
+                (greedy(), vec![], vec![later]),
+            ],
+        );
+        let out = v.verify_blocking(&b.batch()).unwrap();
+        assert_eq!(out.emitted(0), &[100], "{}", v.describe());
+        assert_eq!(out.emitted(1), &[100], "{}", v.describe());
+        assert_eq!(out.emitted(2), &[100], "{}", v.describe());
+    });
+}
+
+#[test]
 fn minus_one_drafts_are_always_rejected() {
     each_backend(|v: &Verifier| {
         // p puts all mass on token 2: a real draft of 2 would always be accepted.
