@@ -23,12 +23,15 @@ pub struct VerifierOptions {
     /// results never depend on it.
     pub target_workgroups: u32,
     /// One-hot batches (no draft values) whose sampled requests' draft rows hold at most this
-    /// many vocabulary entries in all (default 1,250,000; 0 turns it off) race every row while
-    /// the statistics pass runs, instead of the chosen row after verify: the race needs no row
-    /// statistics there, so it overlaps row_stats and leaves the chain a dispatch shorter, at
-    /// the cost of racing k + 1 rows per request instead of one. The default is where an H200
-    /// stopped gaining (`docs/performance.md`). Tuning only: the tokens never depend on it.
-    pub early_race_entries: u64,
+    /// many vocabulary entries in all (0 turns it off) race every row while the statistics pass
+    /// runs, instead of the chosen row after verify: the race needs no row statistics there, so
+    /// it overlaps row_stats and leaves the chain a dispatch shorter, at the cost of racing
+    /// k + 1 rows per request instead of one. `None` (the default) is 1,250,000 on adapters
+    /// wgpu reports as discrete GPUs, where an H200 stopped gaining (`docs/performance.md`), and
+    /// off elsewhere: an integrated GPU or a software adapter shares its bandwidth and cores
+    /// between the two passes, so the extra rows would cost time there instead of filling idle
+    /// units (not measured). Tuning only: the tokens never depend on it.
+    pub early_race_entries: Option<u64>,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.
     pub workgroup_size: Option<u32>,
@@ -68,7 +71,7 @@ impl Default for VerifierOptions {
     fn default() -> Self {
         VerifierOptions {
             target_workgroups: 8192,
-            early_race_entries: 1_250_000,
+            early_race_entries: None,
             workgroup_size: None,
             shader_int64: true,
             shader_checks: None,
@@ -337,6 +340,18 @@ impl Verifier {
                 result
             }
         }
+    }
+
+    /// Test and debugging hook: whether a verification of `batch` on this verifier races its
+    /// rows beside the statistics pass (`VerifierOptions::early_race_entries`); always false on
+    /// the CPU backend.
+    #[doc(hidden)]
+    pub fn takes_early_race(&self, batch: &VerifyBatch<'_>) -> Result<bool, Error> {
+        let (plan, _) = self.host_plan(batch)?;
+        Ok(match &self.backend {
+            Backend::Cpu(_) => false,
+            Backend::Gpu(g) => g.takes_early_race(&plan),
+        })
     }
 
     /// Test and debugging hook: the logit cut-off of every row (target rows, then draft rows)

@@ -257,7 +257,7 @@ fn draft_ids_on_the_gpu_equal_draft_ids_on_the_host() {
             draft_vocab_size: None,
             synthetic_rates: None,
         };
-        let run = |from: Option<DeviceIds<'_>>| {
+        let run_on = |v: &Verifier, from: Option<DeviceIds<'_>>| {
             let mut encoder = device.create_command_encoder(&Default::default());
             let pending = match from {
                 Some(ids) => v.record_device_drafts(&mut encoder, &batch, ids).unwrap(),
@@ -266,11 +266,26 @@ fn draft_ids_on_the_gpu_equal_draft_ids_on_the_host() {
             queue.submit([encoder.finish()]);
             v.read_blocking(pending).unwrap()
         };
+        let run = |from: Option<DeviceIds<'_>>| run_on(v, from);
         let from = DeviceIds {
             buffer: &ids,
             offset: 8,
         };
         assert_eq!(run(Some(from)), expect, "kind {kind}");
+        if kind == 0 {
+            // The early one-hot race reads the draft ids from the metadata the copy fills.
+            let early = Verifier::with_device(
+                device.clone(),
+                queue.clone(),
+                VerifierOptions {
+                    early_race_entries: Some(u64::MAX),
+                    ..VerifierOptions::default()
+                },
+            )
+            .unwrap();
+            assert!(early.takes_early_race(&b.batch()).unwrap());
+            assert_eq!(run_on(&early, Some(from)), expect, "early race");
+        }
         // Negative control: the placeholders verified as they are.
         assert_ne!(
             run(None),
@@ -343,12 +358,11 @@ fn early_race_gives_the_tokens_of_the_race_after_verify() {
     // Small one-hot batches race every row beside the statistics pass (early_race_entries);
     // the tokens must be those of the race over the row verify chose, whatever the batch:
     // rejections and bonus rows, greedy requests among sampled ones, ragged k, filters, row
-    // windows. (GPU-resident draft ids: draft_ids_on_the_gpu_equal_draft_ids_on_the_host, whose
-    // small one-hot batch takes the early race by default.)
+    // windows.
     let Some(_) = gpu() else { return };
     let with = |entries: u64, max_binding_bytes: Option<u64>| {
         Verifier::new(VerifierOptions {
-            early_race_entries: entries,
+            early_race_entries: Some(entries),
             max_binding_bytes,
             ..VerifierOptions::default()
         })
@@ -374,6 +388,9 @@ fn early_race_gives_the_tokens_of_the_race_after_verify() {
                 };
             }
         }
+        // (A check that can fail: the verifiers take the paths they are named for.)
+        assert!(early.takes_early_race(&b.batch()).unwrap(), "seed {seed}");
+        assert!(!late.takes_early_race(&b.batch()).unwrap(), "seed {seed}");
         let want = late.verify_blocking(&b.batch()).unwrap();
         assert_eq!(
             early.verify_blocking(&b.batch()).unwrap(),

@@ -113,6 +113,10 @@ pub enum Timestamps<'a> {
     },
 }
 
+/// `VerifierOptions::early_race_entries` on a discrete GPU when the options leave it `None`:
+/// where an H200 stopped gaining from the early race (`docs/performance.md`).
+const EARLY_RACE_ENTRIES: u64 = 1_250_000;
+
 /// The device, its pipelines and the workspace pool.
 pub(crate) struct GpuBackend {
     pub device: wgpu::Device,
@@ -120,7 +124,7 @@ pub(crate) struct GpuBackend {
     pub info: wgpu::AdapterInfo,
     wg: u32,
     target_workgroups: u32,
-    /// `VerifierOptions::early_race_entries`.
+    /// `VerifierOptions::early_race_entries`, its default resolved for this adapter.
     early_race_entries: u64,
     max_binding: u64,
     timeout: Duration,
@@ -187,13 +191,22 @@ impl GpuBackend {
             });
             (layouts, pipelines, dummy)
         })?;
+        // The early race pays where a small batch leaves most of the GPU idle (measured on a
+        // discrete H200); elsewhere it is off unless the options ask for it.
+        let early_race_entries = opts.early_race_entries.unwrap_or(
+            if info.device_type == wgpu::DeviceType::DiscreteGpu {
+                EARLY_RACE_ENTRIES
+            } else {
+                0
+            },
+        );
         Ok(GpuBackend {
             device,
             queue,
             info,
             wg,
             target_workgroups: opts.target_workgroups,
-            early_race_entries: opts.early_race_entries,
+            early_race_entries,
             max_binding,
             timeout: opts.timeout,
             layouts,

@@ -72,7 +72,7 @@ impl Shape {
         let n = plan.num_requests();
         let windows = plan_windows(plan, max_rows);
         let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
-        let early = needs_residual && !tree && early_race(plan, g.early_race_entries);
+        let early = !tree && g.takes_early_race(plan);
         // The early race runs one race per sampled row, the other modes one per request.
         let races = if early { sampled_rows(plan) } else { n };
         let block_len = g.residual_block_len(plan.vocab, races);
@@ -140,6 +140,14 @@ impl Shape {
             flags: if self.tree { PARAM_TREE } else { 0 },
             ..Params::default()
         }
+    }
+}
+
+impl GpuBackend {
+    /// Whether a chain batch of `plan` takes the early race (`Shape::early`).
+    pub(crate) fn takes_early_race(&self, plan: &Plan) -> bool {
+        plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0)
+            && early_race(plan, self.early_race_entries)
     }
 }
 

@@ -85,8 +85,8 @@ pub struct BenchConfig {
     pub baseline_vocab: u32,
     /// `VerifierOptions::target_workgroups` of the verifier under test.
     pub target_workgroups: u32,
-    /// `VerifierOptions::early_race_entries` of the verifier under test.
-    pub early_race_entries: u64,
+    /// `VerifierOptions::early_race_entries` of the verifier under test (`None`: its default).
+    pub early_race_entries: Option<u64>,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
@@ -1774,7 +1774,8 @@ Options:
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
-                      row_stats (VerifierOptions::early_race_entries; 0 = off)
+                      row_stats (VerifierOptions::early_race_entries; 0 = off; default:
+                      1,250,000 on discrete GPUs, else off)
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
@@ -1870,7 +1871,9 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--k" => cfg.ks = parse_list("--k", &value()?)?,
             "--vocab" => cfg.vocabs = parse_list("--vocab", &value()?)?,
             "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
-            "--early-race" => cfg.early_race_entries = parse_one("--early-race", &value()?)?,
+            "--early-race" => {
+                cfg.early_race_entries = Some(parse_one("--early-race", &value()?)?);
+            }
             "--out" => out = value()?.into(),
             "--modes" => {
                 cfg.modes = value()?
