@@ -427,3 +427,30 @@ fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
         println!("case {case:?}: statuses {statuses:?}");
     }
 }
+
+#[test]
+fn half_rows_through_the_early_race_give_the_tokens_of_the_late_one() {
+    // The early one-hot race's pipeline without plain f32 loads (half target rows), against the
+    // race after verify on the same rows and against the f32 copy.
+    let Some(_) = gpu() else { return };
+    let with = |entries| {
+        specdec::Verifier::new(specdec::VerifierOptions {
+            early_race_entries: Some(entries),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (early, late) = (with(u64::MAX), with(0));
+    for (i, t_dtype) in [Dtype::F16, Dtype::Bf16].into_iter().enumerate() {
+        let (o, t, d) = pair(900 + i as u64, t_dtype, Dtype::F32, 0);
+        let batch = with_rows(&o, t, d);
+        assert!(early.takes_early_race(&batch).unwrap(), "{t_dtype:?}");
+        let want = late.verify_blocking(&batch).unwrap();
+        assert_eq!(early.verify_blocking(&batch).unwrap(), want, "{t_dtype:?}");
+        assert_eq!(
+            early.verify_blocking(&o.batch()).unwrap(),
+            want,
+            "{t_dtype:?} vs f32"
+        );
+    }
+}
