@@ -269,8 +269,9 @@ impl GpuBackend {
                     // The cut-offs are timed with row_stats when profiling per kernel.
                     self.record_cutoff(pass, &shape, &cutoff);
                     self.record_row_stats(pass, &shape, &stats);
-                    // Beside row_stats, not after it (timed with it when profiling per kernel).
-                    self.record_residual_early(pass, &shape, &residual);
+                    // The early race beside row_stats, not after it (timed with it when
+                    // profiling per kernel).
+                    self.record_residual_blocks(pass, &shape, &residual, true);
                 },
                 &|pass| {
                     self.record_verify(pass, &shape, &verify);
@@ -281,7 +282,7 @@ impl GpuBackend {
                         self.record_block_settle(pass, &shape, &verify);
                     }
                 },
-                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_blocks(pass, &shape, &residual, false),
                 &|pass| self.record_residual_merge(pass, &shape, &residual),
             ];
             if !shape.windows.is_empty() {

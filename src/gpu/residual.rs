@@ -71,55 +71,28 @@ impl GpuBackend {
             .collect()
     }
 
-    /// Dispatches the early race (`SPECIAL_EARLY`, when the shape takes it): residual_argmax's
-    /// `block` over every window, one workgroup per (vocabulary block, request, local row).
-    /// Recorded right after row_stats: it writes only the candidates, which nothing before it
-    /// touches, so wgpu orders it after nothing and the two run side by side.
-    pub(super) fn record_residual_early(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        shape: &Shape,
-        groups: &[wgpu::BindGroup],
-    ) {
-        if !shape.early {
-            return;
-        }
-        let special = shape.plain_loads()
-            | super::pipelines::SPECIAL_LOG_KEYS
-            | super::pipelines::SPECIAL_EARLY;
-        pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", special));
-        for (i, w) in shape.windows.iter().enumerate() {
-            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
-            let requests = (w.req_end - w.req_begin) as u32;
-            pass.dispatch_workgroups(shape.num_blocks, requests, shape.candidate_rows);
-        }
-    }
-
     /// Dispatches residual_argmax's `block` over every window: one workgroup per (vocabulary
-    /// block, request). An all-greedy batch has nothing to resample and dispatches nothing, nor
-    /// does one whose early race ran beside row_stats.
+    /// block, request, candidate row). Called twice per pass: `beside_stats` right after
+    /// row_stats, where only the early race (`Shape::early`) dispatches (it writes only the
+    /// candidates, which nothing before it touches, so wgpu orders it after nothing and the two
+    /// run side by side), and after verify, where every other race does. An all-greedy batch
+    /// has nothing to resample and dispatches nothing.
     pub(super) fn record_residual_blocks(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         shape: &Shape,
         groups: &[wgpu::BindGroup],
+        beside_stats: bool,
     ) {
-        if !shape.needs_residual || shape.early {
+        if !shape.needs_residual || shape.early != beside_stats {
             return;
         }
-        // Without q (and outside trees, whose walk sets the tasks) every race is keyed in the
-        // log domain: the pipeline without the linear keys' code took the residual pass to
-        // 0.92x on an H200 (`docs/performance.md`).
-        let log_keys = if shape.no_q && !shape.tree {
-            super::pipelines::SPECIAL_LOG_KEYS
-        } else {
-            0
-        };
-        let special = shape.plain_loads() | log_keys;
+        let special = shape.residual_special();
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", special));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
-            pass.dispatch_workgroups(shape.num_blocks, (w.req_end - w.req_begin) as u32, 1);
+            let requests = (w.req_end - w.req_begin) as u32;
+            pass.dispatch_workgroups(shape.num_blocks, requests, shape.candidate_rows);
         }
     }
 
@@ -134,14 +107,9 @@ impl GpuBackend {
         if !shape.needs_residual {
             return;
         }
-        // The merge's only specialisation is where the early race left its candidates.
-        let special = if shape.early {
-            shape.plain_loads()
-                | super::pipelines::SPECIAL_LOG_KEYS
-                | super::pipelines::SPECIAL_EARLY
-        } else {
-            0
-        };
+        // The blocks' pipeline's specialisation: of its constants only EARLY (where the
+        // candidates are) changes the merge.
+        let special = shape.residual_special();
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "merge", special));
         pass.set_bind_group(0, &groups[0], &[0]);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);

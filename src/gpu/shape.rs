@@ -74,7 +74,12 @@ impl Shape {
         let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
         let early = !tree && g.takes_early_race(plan);
         // The early race runs one race per sampled row, the other modes one per request.
-        let races = if early { sampled_rows(plan) } else { n };
+        let races = if early {
+            let (sampled, draft_rows) = sampled_requests_and_draft_rows(plan);
+            sampled + draft_rows
+        } else {
+            n
+        };
         let block_len = g.residual_block_len(plan.vocab, races);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
@@ -122,6 +127,21 @@ impl Shape {
         }
     }
 
+    /// residual_argmax's specialisation: plain f32 loads for f32 rows; without q (and outside
+    /// trees, whose walk sets the tasks) every race keyed in the log domain, the pipeline
+    /// without the linear keys' code (the residual pass 0.92x on an H200,
+    /// `docs/performance.md`); and the early race.
+    pub fn residual_special(&self) -> u32 {
+        use super::pipelines::{SPECIAL_EARLY, SPECIAL_LOG_KEYS};
+        let log_keys = if self.no_q && !self.tree {
+            SPECIAL_LOG_KEYS
+        } else {
+            0
+        };
+        let early = if self.early { SPECIAL_EARLY } else { 0 };
+        self.plain_loads() | log_keys | early
+    }
+
     /// The Params every window's slot starts from (and the only slot of an empty batch).
     pub fn base_params(&self, plan: &Plan) -> Params {
         Params {
@@ -144,40 +164,26 @@ impl Shape {
 }
 
 impl GpuBackend {
-    /// Whether a chain batch of `plan` takes the early race (`Shape::early`).
+    /// Whether a chain batch of `plan` (trees race the slots their walk chooses) takes the
+    /// early race (`Shape::early`): one-hot drafts (no q, so every race is keyed in the log
+    /// domain and needs no row statistics), some drafts (binding 2 holds their ids), some
+    /// request that samples, and at most `early_race_entries` vocabulary entries in the rows
+    /// the race adds (the sampled requests' draft rows). Racing k + 1 rows per request instead
+    /// of one pays only while the GPU has room beside row_stats (`docs/performance.md`).
     pub(crate) fn takes_early_race(&self, plan: &Plan) -> bool {
-        plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0)
-            && early_race(plan, self.early_race_entries)
+        let (sampled, added) = sampled_requests_and_draft_rows(plan);
+        plan.draft_kind == DRAFT_NONE
+            && plan.total_drafts > 0
+            && sampled > 0
+            && added as u64 * u64::from(plan.vocab) <= self.early_race_entries
     }
 }
 
-/// Draft rows of the requests that sample (not greedy): the rows an early race adds to the one
-/// per request a race after verify takes.
-fn sampled_draft_rows(plan: &Plan) -> usize {
+/// The requests that sample (not greedy) and their draft rows: an early race races both the
+/// draft rows and one bonus row per such request.
+fn sampled_requests_and_draft_rows(plan: &Plan) -> (usize, usize) {
     plan.reqs
         .iter()
         .filter(|r| r.flags & REQ_GREEDY == 0)
-        .map(|r| r.num_drafts as usize)
-        .sum()
-}
-
-/// Rows of the requests that sample: the rows an early race races.
-fn sampled_rows(plan: &Plan) -> usize {
-    sampled_draft_rows(plan)
-        + plan
-            .reqs
-            .iter()
-            .filter(|r| r.flags & REQ_GREEDY == 0)
-            .count()
-}
-
-/// Whether a chain batch (trees race the slots their walk chooses) takes the early race:
-/// one-hot drafts (no q, so every race is keyed in the log domain and needs no row
-/// statistics), some drafts (binding 2 holds their ids), and at most `max_entries` vocabulary
-/// entries in the rows it adds (the sampled requests' draft rows). Racing k + 1 rows per request
-/// instead of one pays only while the GPU has room beside row_stats (`docs/performance.md`).
-fn early_race(plan: &Plan, max_entries: u64) -> bool {
-    plan.draft_kind == DRAFT_NONE
-        && plan.total_drafts > 0
-        && sampled_draft_rows(plan) as u64 * u64::from(plan.vocab) <= max_entries
+        .fold((0, 0), |(n, rows), r| (n + 1, rows + r.num_drafts as usize))
 }

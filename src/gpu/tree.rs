@@ -164,7 +164,7 @@ impl GpuBackend {
                     pass.set_bind_group(0, &walk, &[0]);
                     pass.dispatch_workgroups(shape.n as u32, 1, 1);
                 },
-                &|pass| self.record_residual_blocks(pass, &shape, &residual),
+                &|pass| self.record_residual_blocks(pass, &shape, &residual, false),
                 &|pass| self.record_residual_merge(pass, &shape, &residual),
             ];
             if !shape.windows.is_empty() {
