@@ -458,6 +458,36 @@ fn requests_with_more_rows_than_lanes_match_the_twin() {
 }
 
 #[test]
+fn greedy_rows_of_many_partials_per_lane_match_the_twin() {
+    // verify merges a greedy request's chunk partials in parallel: the 64 lanes take the
+    // partials in turn, an atomic max finds each row's maximum, then the partials holding it
+    // offer their index. At V = 2,200,000 (538 chunks) each lane takes many partials of a row.
+    // Row 0's maximum lies only in chunk 530; row 1's maximum is tied between chunk 2 and chunk
+    // 520: the lowest index wins, so the draft of the later one is rejected. A partial skipped,
+    // or an index step that reads another partial than the maximum step, changes a token.
+    let Some(g) = gpu() else { return };
+    let mut gen = Gen::new(12);
+    const V: usize = 2_200_000;
+    let mut b = Owned::random(&mut gen, V as u32, &[2], &[0.0], 0, 0.0);
+    let only = 530 * 4096 + 11;
+    b.target[only] = 40.0;
+    b.drafts[0] = only as i32;
+    let (low, high) = (2 * 4096 + 5, 520 * 4096 + 9);
+    b.target[V + low] = 40.0;
+    b.target[V + high] = 40.0;
+    b.drafts[1] = high as i32;
+    let want = cpu().verify_blocking(&b.batch()).unwrap();
+    assert_eq!(
+        want.emitted(0),
+        &[only as i32, low as i32],
+        "the twin accepts the second round's maximum and rejects the later tie"
+    );
+    let got = g.verify_blocking(&b.batch()).unwrap();
+    let diff = twin_differences(&got, &want);
+    assert!(diff.is_empty(), "{diff:?}");
+}
+
+#[test]
 fn a_reused_verifier_gives_every_request_its_residual_token() {
     // A verifier reused across shapes (its pooled workspace still holds the last call's
     // candidates, tasks and output words) and windows of three rows (a request's residual blocks
