@@ -385,6 +385,44 @@ fn a_padded_target_vocabulary_matches_the_twin() {
 }
 
 #[test]
+fn long_residual_blocks_match_the_twin() {
+    // With a target of 4 workgroups a pass, each residual block spans a whole row: every lane
+    // races 40 quads and the quad tests (residual_argmax's log_quad_may and linear_quad_may)
+    // skip most of them once the workgroup's bound has risen. They must skip only quads that
+    // race_step would have settled without a key: the tokens equal the twin's, which tests
+    // every entry. Mostly rejected drafts (many races), four temperatures, top-p on every
+    // other request (entries below the cut-off), all three draft kinds.
+    if gpu().is_none() {
+        return;
+    }
+    let v = Verifier::new(specdec::VerifierOptions {
+        target_workgroups: 4,
+        ..specdec::VerifierOptions::default()
+    })
+    .unwrap();
+    let mut gen = Gen::new(13);
+    for round in 0..2 {
+        for kind in 0..3u8 {
+            let mut b = Owned::random(
+                &mut gen,
+                40_000,
+                &[2, 0, 5, 1, 3, 0, 4, 2],
+                &[0.6, 1.0, 1.7, 0.3],
+                kind,
+                0.2,
+            );
+            for r in b.requests.iter_mut().skip(round).step_by(2) {
+                r.params = r.params.with_top_p(0.8);
+            }
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            let got = v.verify_blocking(&b.batch()).unwrap();
+            let diff = twin_differences(&got, &want);
+            assert!(diff.is_empty(), "round {round}, kind {kind}: {diff:?}");
+        }
+    }
+}
+
+#[test]
 fn every_shader_check_setting_matches_the_twin() {
     // `VerifierOptions::shader_checks` changes what naga compiles around each access and loop,
     // never a result: all checks, none, and the per-kernel default agree with the twin.
