@@ -235,6 +235,34 @@ fn gpu_cutoffs_with_the_largest_slices_equal_the_twin() {
     );
 }
 
+/// A top-p cut-off decided by the smallest fixed-point masses: the scans must count every entry
+/// whose mass exp((l − max) / T) · 2^31 truncates to 1 or more. Rows: one entry at 0, 1,000 at
+/// −21 (mass ≈ 1.6, truncated to 1 each), the rest at −23 (mass 0). top_p = 1 − 2^-22 needs all
+/// but about 512 of the 2^31 + 1,000 units, so the −21 entries must be kept: the cut-off is −21,
+/// and 0 if the scans lost the entries of mass 1 (a scan skipping entries more than 18 below the
+/// max fails here).
+#[test]
+fn a_top_p_cut_off_in_the_smallest_masses_equals_the_twin() {
+    let Some(g) = gpu() else { return };
+    let vocab = 5000usize;
+    let (mut o, _) = batch(41, vocab, 1);
+    let mut row = vec![-23.0f32; vocab];
+    row[0] = 0.0;
+    for x in &mut row[1..=1000] {
+        *x = -21.0;
+    }
+    o.target = [row.clone(), row.clone()].concat();
+    o.draft = row;
+    o.requests[0].params = SamplingParams::seeded(1.0, 5).with_top_p(1.0 - 2f32.powi(-22));
+    let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+    assert!(
+        a.iter().all(|&c| c == -21.0),
+        "the twin keeps the entries of mass 1: {a:?}"
+    );
+    let b = g.cutoffs_blocking(&o.batch()).unwrap();
+    assert_eq!(bit_differences(&a, &b), 0, "{a:?} vs {b:?}");
+}
+
 #[test]
 fn a_262144_vocabulary() {
     let vocab = 262_144;

@@ -15,6 +15,44 @@ use std::time::Instant;
 /// is self-contained.
 pub const ANCHORS_CSV: &str = include_str!("../../benches/anchors/vllm-h200.csv");
 
+/// The shape of the benchmark's logit rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchRows {
+    /// Every entry 2·N(0, 1): the vLLM anchors' inputs; every entry carries softmax mass.
+    Normal,
+    /// Rows shaped like a small LLM's (SmolLM2-135M's rows measured a median standard deviation
+    /// of 3.8 and a maximum about 21 above the median): 3.8·N(0, 1), and one entry in 16,384
+    /// (by index) raised by 14. Most entries then lie more than 22 / T below the row's maximum
+    /// (zero mass in the cutoff's fixed point; races they cannot win).
+    Peaked,
+}
+
+impl BenchRows {
+    /// Fills `out` with rows of this shape from `seed`.
+    fn fill(self, out: &mut [f32], seed: u64) {
+        match self {
+            BenchRows::Normal => fill_normal(out, seed, 2.0),
+            BenchRows::Peaked => {
+                fill_normal(out, seed, 3.8);
+                for (i, x) in out.iter_mut().enumerate() {
+                    // A multiplicative hash of the index: about one entry in 16,384 per row.
+                    if (i as u32).wrapping_mul(2_654_435_761) >> 18 == 0 {
+                        *x += 14.0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the progress line says the rows are.
+    fn describe(self) -> &'static str {
+        match self {
+            BenchRows::Normal => "2·N(0,1)",
+            BenchRows::Peaked => "peaked: 3.8·N(0,1), 1 in 16,384 raised by 14",
+        }
+    }
+}
+
 /// What a grid point verifies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BenchMode {
@@ -101,6 +139,8 @@ pub struct BenchConfig {
     /// Every non-greedy request uses [`Rule::Block`] (with draft probabilities or logits this
     /// runs the block_mass pass and verify's block_settle entry).
     pub block: bool,
+    /// The shape of the target and draft rows.
+    pub rows: BenchRows,
     /// Seconds the run may spend warming the GPU before timing: it measures the read ceiling
     /// for at least 10 s (or this long, if shorter) and until three measurements in a row agree
     /// within 3 % (a freshly started GPU can read at about half speed for several seconds).
@@ -133,6 +173,7 @@ impl BenchConfig {
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
+            rows: BenchRows::Normal,
             warm_s: 60.0,
             rewarm_ms: 300,
         }
@@ -157,6 +198,7 @@ impl BenchConfig {
             top_p: 1.0,
             target_dtype: crate::Dtype::F32,
             block: false,
+            rows: BenchRows::Normal,
             warm_s: 0.0,
             rewarm_ms: 0,
         }
@@ -477,11 +519,12 @@ impl GpuBench {
         let t_len = max_r * (max_k + 1) * max_v;
         let d_len = max_r * max_k * max_v;
         progress(&format!(
-            "generating {:.2} GB of logits (2·N(0,1))",
-            ((t_len + d_len) * 4) as f64 / 1e9
+            "generating {:.2} GB of logits ({})",
+            ((t_len + d_len) * 4) as f64 / 1e9,
+            cfg.rows.describe()
         ));
         let mut host_t = vec![0f32; t_len];
-        fill_normal(&mut host_t, 1, 2.0);
+        cfg.rows.fill(&mut host_t, 1);
         // The target rows as the GPU reads them (16-bit types: bits), and their exact widening.
         let half_bits: Vec<u16> = match cfg.target_dtype {
             crate::Dtype::F32 => Vec::new(),
@@ -496,7 +539,7 @@ impl GpuBench {
         }
         let t_size = cfg.target_dtype.size() as usize;
         let mut host_d = vec![0f32; d_len];
-        fill_normal(&mut host_d, 2, 2.0);
+        cfg.rows.fill(&mut host_d, 2);
         let storage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
@@ -1276,9 +1319,9 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     let max_k = *cfg.ks.iter().max().unwrap_or(&1) as usize;
     let max_v = *cfg.vocabs.iter().max().unwrap_or(&1) as usize;
     let mut host_t = vec![0f32; max_r * (max_k + 1) * max_v];
-    fill_normal(&mut host_t, 1, 2.0);
+    cfg.rows.fill(&mut host_t, 1);
     let mut host_d = vec![0f32; max_r * max_k * max_v];
-    fill_normal(&mut host_d, 2, 2.0);
+    cfg.rows.fill(&mut host_d, 2);
     let (copy_gbps, read_gbps) = host_ceilings(&host_t);
     progress(&format!("CPU backend: host copy {copy_gbps:.1} GB/s (read+write), parallel read {read_gbps:.1} GB/s"));
     let mut rows = Vec::new();
@@ -1781,6 +1824,8 @@ Options:
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
+  --rows R            logit rows: normal (2·N(0,1), default) or peaked (shaped like a small
+                      LLM's: 3.8·N(0,1), 1 entry in 16,384 raised by 14)
   --warm-s S          before timing, read for at least 10 s (S if less) and until the read
                       ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
   --rewarm-ms N       read-kernel work before each point is timed, after its twin check
@@ -1863,6 +1908,13 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--bf16" => cfg.target_dtype = crate::Dtype::Bf16,
             "--f16" => cfg.target_dtype = crate::Dtype::F16,
             "--block" => cfg.block = true,
+            "--rows" => {
+                cfg.rows = match value()?.as_str() {
+                    "normal" => BenchRows::Normal,
+                    "peaked" => BenchRows::Peaked,
+                    other => return Err(format!("--rows {other}: normal or peaked")),
+                }
+            }
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
             "--warm-s" => cfg.warm_s = parse_one("--warm-s", &value()?)?,
