@@ -83,6 +83,7 @@ fn bench_refuses_every_out_of_range_value_before_any_work() {
         (&["--top-p", "x"], "--top-p"),
         (&["--target-wgs", "0"], "--target-wgs 0"),
         (&["--modes", "greedy,"], "unknown mode"),
+        (&["--rows", "flat"], "--rows flat"),
     ];
     for &(bad, names) in cases {
         for backend in [&["--cpu"][..], &[]] {
@@ -303,7 +304,8 @@ fn bench_runs_a_tiny_grid_on_both_backends() {
     let dir = std::env::temp_dir().join(format!("specdec-cli-bench-{}", std::process::id()));
     let dir_s = dir.to_string_lossy().to_string();
     let mut runs = vec![vec![
-        "bench", "--quick", "--cpu", "--batch", "1", "--k", "1", "--reps", "2", "--out", &dir_s,
+        "bench", "--quick", "--cpu", "--batch", "1", "--k", "1", "--reps", "2", "--rows", "peaked",
+        "--out", &dir_s,
     ]];
     if !skip_gpu() {
         runs.push(vec![
@@ -331,6 +333,9 @@ fn bench_runs_a_tiny_grid_on_both_backends() {
         );
         if !args.contains(&"--cpu") {
             assert_chain_floor(&text(&o));
+        }
+        if args.contains(&"peaked") {
+            assert!(text(&o).contains("logits peaked"), "{}", text(&o));
         }
     }
     let csvs: Vec<_> = std::fs::read_dir(&dir)

@@ -1323,7 +1323,10 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     let mut host_d = vec![0f32; max_r * max_k * max_v];
     cfg.rows.fill(&mut host_d, 2);
     let (copy_gbps, read_gbps) = host_ceilings(&host_t);
-    progress(&format!("CPU backend: host copy {copy_gbps:.1} GB/s (read+write), parallel read {read_gbps:.1} GB/s"));
+    progress(&format!(
+        "CPU backend: host copy {copy_gbps:.1} GB/s (read+write), parallel read {read_gbps:.1} GB/s; logits {}",
+        cfg.rows.describe()
+    ));
     let mut rows = Vec::new();
     let mut probs = Vec::new();
     for &v in &cfg.vocabs {
@@ -2049,4 +2052,31 @@ pub fn main_with_args(args: &[String]) -> i32 {
         return 1;
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Peaked rows are 3.8·N(0, 1) with about one entry in 16,384 raised by exactly 14.
+    #[test]
+    fn peaked_rows_raise_one_entry_in_16384() {
+        let n = 1 << 20;
+        let mut peaked = vec![0f32; n];
+        BenchRows::Peaked.fill(&mut peaked, 3);
+        let mut plain = vec![0f32; n];
+        fill_normal(&mut plain, 3, 3.8);
+        let raised: Vec<usize> = (0..n).filter(|&i| peaked[i] != plain[i]).collect();
+        assert!(
+            (32..=128).contains(&raised.len()),
+            "{} raised of {n}",
+            raised.len()
+        );
+        assert!(raised.iter().all(|&i| peaked[i] == plain[i] + 14.0));
+        let mut normal = vec![0f32; n];
+        BenchRows::Normal.fill(&mut normal, 3);
+        let mut two = vec![0f32; n];
+        fill_normal(&mut two, 3, 2.0);
+        assert_eq!(normal, two, "normal rows are 2·N(0, 1)");
+    }
 }
