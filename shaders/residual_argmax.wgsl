@@ -257,6 +257,15 @@ fn linear_quad_may(l: vec4<f32>, words: vec4<u32>, c: RaceCtx, bound_r: f32, bou
     return any(words < vec4<u32>(tb));
 }
 
+// The quad test of the block's race (log_quad_may or linear_quad_may, by its keys) against the
+// lane's best and the workgroup's bounds.
+fn quad_may(c: RaceCtx, l: vec4<f32>, words: vec4<u32>, best: Candidate, floor_r: f32, floor_p: f32) -> bool {
+    if (c.use_q) {
+        return linear_quad_may(l, words, c, max(best.r_key, floor_r), max(best.p_key, floor_p));
+    }
+    return log_quad_may(l, words, c, max(best.r_key, floor_r));
+}
+
 // EARLY: the task of local row `lr` as verify would set it were the request to stop there:
 // a rejected one-hot draft (its drafted token excluded from the r race) or the bonus row; none
 // for greedy requests and rows past the request's own.
@@ -371,14 +380,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         // lane has a few quads, its first ones meet a low bound and pass anyway, so the test
         // runs from 4 quads per lane (residual pass 0.83x at R = 128 on an H200, 1.02-1.03x
         // at R <= 8 without the threshold).
-        if (quad_tests) {
-            if (use_q) {
-                if (!linear_quad_may(l, words, ctx, max(best.r_key, floor_r), max(best.p_key, floor_p))) {
-                    continue;
-                }
-            } else if (!log_quad_may(l, words, ctx, max(best.r_key, floor_r))) {
-                continue;
-            }
+        if (quad_tests && !quad_may(ctx, l, words, best, floor_r, floor_p)) {
+            continue;
         }
         best = race_step(best, ctx, g, l.x, dv.x, words.x, floor_r, floor_p);
         best = race_step(best, ctx, g + 1u, l.y, dv.y, words.y, floor_r, floor_p);
@@ -391,8 +394,15 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             atomicMax(&bound_p, order_key(best.p_key));
         }
     }
-    // The block's winner: the largest key is already in the bounds (every lane published its
-    // best), so only the lowest index holding it is left to find, then its logit.
+    let slot = candidate_row(r, task.local_row) * params.num_blocks + block_id;
+    publish_winner(best, lane, select(NO_INDEX, slot, in_window));
+}
+
+// The block's winner, written to candidates[slot] by lane 0 (NO_INDEX: nothing written, for a
+// workgroup outside the window, which still reaches the barriers). The largest key is already in
+// the bounds (every lane published its best), so only the lowest index holding it is left to
+// find, then its logit. Every lane calls it.
+fn publish_winner(best: Candidate, lane: u32, slot: u32) {
     workgroupBarrier();
     let top_r = atomicLoad(&bound_r);
     let top_p = atomicLoad(&bound_p);
@@ -414,8 +424,8 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         win_pl = best.p_logit;
     }
     workgroupBarrier();
-    if (lane == 0u && in_window) {
-        candidates[candidate_row(r, task.local_row) * params.num_blocks + block_id] = Candidate(from_order_key(top_r), idx_r, from_order_key(top_p), idx_p, win_rl, win_pl, 0u, 0u);
+    if (lane == 0u && slot != NO_INDEX) {
+        candidates[slot] = Candidate(from_order_key(top_r), idx_r, from_order_key(top_p), idx_p, win_rl, win_pl, 0u, 0u);
     }
 }
 
