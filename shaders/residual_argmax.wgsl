@@ -246,7 +246,7 @@ fn linear_quad_may(l: vec4<f32>, words: vec4<u32>, c: RaceCtx, bound_r: f32, bou
         return false;
     }
     if (!(bound_r > 0.0) || !(bound_p > 0.0)) {
-        return true;
+        return true; // no bound yet on one side (keys start at -inf): nothing to test against
     }
     let pmax = exp((lmax - c.st.t_max) * c.inv_t) * c.inv_sum;
     let big_t = pmax * max(max(c.rho, 1.0) / bound_r, 1.0 / bound_p) * (4294967296.0 * 1.001);
