@@ -9,6 +9,8 @@
 // lane i+s for s = 32 .. 1), and lane 0 writes the chunk's RowStats. The merge of the chunks of a
 // row (in runs of chunks, common.wgsl) happens in the verify kernel. Rows whose logits start on 16-byte
 // boundaries are read with 16-byte loads (PARAM_VEC4); the order of operations is the same.
+// Dispatch `block_wide`: the same grid for small all-greedy batches (MAX_ONLY, the host's WIDE
+// specialisation), each chunk over the device's workgroup size (max_chunks).
 // Half-precision target rows with no filters (PLAIN_F16 / PLAIN_BF16) take half_chunks: one
 // 16-byte load is 8 entries, two lanes' groups, and each invocation plays those two lanes (the
 // contract's order again, so the same bits as f32 rows holding the widened values).
@@ -339,6 +341,69 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         half_chunks(job, lane);
     } else {
         word_chunks(job, lane);
+    }
+}
+
+// `block` for small MAX_ONLY batches of f32 or dtype-dispatched rows (the host's WIDE
+// specialisation): the device's workgroup size instead of the contract's CHUNK_LANES. A row's
+// max and the lowest index holding it do not depend on the order of the fold, so each lane may
+// read fewer entries, and a small batch waits out fewer rounds of loads. An entry of its own,
+// not a branch of `block`: the branch's workgroup arrays, allocated even where it never ran,
+// made `block` 1.2x slower at large batches (H200).
+@compute @workgroup_size(WG)
+fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    max_chunks(row_job(wid.x, wid.y), lane);
+}
+
+// max_chunks' lane states, WG of them.
+var<workgroup> mx_m: array<f32, MAX_WG>;
+var<workgroup> mx_a: array<u32, MAX_WG>;
+var<workgroup> mx_f: array<u32, MAX_WG>;
+
+// MAX_ONLY rows over WG lanes: lane l reads the groups 4(l + WG·i) of each chunk, in
+// rounds of four loads, then the lanes fold as a tree. The result (max, lowest index holding it,
+// flags) is the chunk's whatever the order, so it equals word_chunks' to the bit.
+fn max_chunks(job_in: RowJob, lane: u32) {
+    var job = job_in;
+    job.vec4_path = job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+    let steps = CHUNK / 4u / WG;
+    let gap = 4u * WG;
+    for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
+        let begin = chunk * CHUNK;
+        var t = acc_new();
+        for (var h = 0u; h < steps; h += 4u) {
+            let y0 = begin + 4u * (lane + WG * h);
+            let a0 = load_target(job.t_base, y0, job.vec4_path);
+            let a1 = load_target(job.t_base, y0 + gap, job.vec4_path);
+            let a2 = load_target(job.t_base, y0 + 2u * gap, job.vec4_path);
+            let a3 = load_target(job.t_base, y0 + 3u * gap, job.vec4_path);
+            t = push4_any(t, mask4(a0, job.cut), y0, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+            t = push4_any(t, mask4(a1, job.cut), y0 + gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+            t = push4_any(t, mask4(a2, job.cut), y0 + 2u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+            t = push4_any(t, mask4(a3, job.cut), y0 + 3u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+        }
+        mx_m[lane] = t.m;
+        mx_a[lane] = t.a;
+        mx_f[lane] = t.flags;
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+            if (lane < stride) {
+                let o = lane + stride;
+                if (takes_other(mx_m[lane], mx_a[lane], mx_m[o], mx_a[o])) {
+                    mx_a[lane] = mx_a[o];
+                }
+                mx_m[lane] = max(mx_m[lane], mx_m[o]);
+                mx_f[lane] = mx_f[lane] | mx_f[o];
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u) {
+            // The state word_chunks' tree leaves in lane 0 for a MAX_ONLY row.
+            store_lane(0u, Acc(mx_m[0], 0.0, mx_a[0], mx_f[0], 0.0), acc_new(), acc_new());
+            write_chunk(job, chunk);
+        }
+        // The next chunk reuses the workgroup arrays.
+        workgroupBarrier();
     }
 }
 

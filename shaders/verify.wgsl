@@ -337,6 +337,12 @@ var<workgroup> g_flags: array<atomic<u32>, 64>;
 // The request's row count and whether it is greedy, as workgroup-uniform values.
 var<workgroup> wg_req: vec2<u32>;
 
+// WIDE (all-greedy batches whose requests have many chunk partials): `main` takes the device's
+// workgroup size, so the greedy merge's loops wait out fewer rounds of loads (a memory latency
+// each). Otherwise 64 lanes, as the ordered merge's runs take (8 runs of at most 8 rows).
+override WIDE: bool = false;
+override VERIFY_WG: u32 = select(64u, max(WG, 64u), WIDE);
+
 // Greedy request `info`'s rows merged in parallel (see g_key), written to row_stats, and
 // decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform.
 fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
@@ -350,13 +356,13 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
             atomicStore(&g_flags[lane], 0u);
         }
         workgroupBarrier();
-        for (var p = lane; p < count * n; p += 64u) {
+        for (var p = lane; p < count * n; p += VERIFY_WG) {
             let o = chunk_stats[first + p];
             atomicMax(&g_key[p / n], order_key(o.t_max));
             atomicOr(&g_flags[p / n], o.flags);
         }
         workgroupBarrier();
-        for (var p = lane; p < count * n; p += 64u) {
+        for (var p = lane; p < count * n; p += VERIFY_WG) {
             let o = chunk_stats[first + p];
             if (order_key(o.t_max) == atomicLoad(&g_key[p / n])) {
                 atomicMin(&g_arg[p / n], o.t_arg);
@@ -382,7 +388,7 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
 // One row-run fold per lane of `main` (rows × runs at a time, runs ≤ 8).
 var<workgroup> run_sh: array<RowStats, 64>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(VERIFY_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
     let info = requests[r];
@@ -445,7 +451,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    settle(r, lane, info, atomicLoad(&first_stop), block);
+    settle(r, lane, VERIFY_WG, info, atomicLoad(&first_stop), block);
 }
 
 // Block requests with a draft distribution, after block_mass: every lane computes the same τ
@@ -458,19 +464,19 @@ fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let info = requests[r];
-    settle(r, lane, info, block_stop(info), true);
+    settle(r, lane, 64u, info, block_stop(info), true);
 }
 
 // Writes request r's output for a stop at row `stop` (drafts 0 .. stop-1 accepted): the
 // accepted tokens and their logprobs, -1 padding, then (lane 0) the row where it stopped — a
 // rejection, a non-finite row, or the bonus row — and its residual task.
-fn settle(r: u32, lane: u32, info: ReqInfo, stop: u32, block: bool) {
+fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) {
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
     // (Slot `stop` belongs to lane 0 below, or to the residual pass.)
     let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
-    for (var j = lane; j < params.out_stride; j += 64u) {
+    for (var j = lane; j < params.out_stride; j += lanes) {
         if (j < stop) {
             out_words[info.out_offset + j] = bitcast<u32>(draft_ids[info.draft_offset + j]);
             let st_j = row_stats[info.row_offset + j];

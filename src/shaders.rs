@@ -82,7 +82,7 @@ impl Kernel {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Kernel::Cutoff => &["init", "scan", "pick"],
-            Kernel::RowStats => &["block"],
+            Kernel::RowStats => &["block", "block_wide"],
             Kernel::Verify => &[
                 "main",
                 "block_settle",

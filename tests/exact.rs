@@ -526,6 +526,83 @@ fn greedy_rows_of_many_partials_per_lane_match_the_twin() {
 }
 
 #[test]
+fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
+    // Small all-greedy batches (up to `wide_greedy_chunks`) reduce each chunk over the
+    // device's whole workgroup in row_stats, and requests with more than 128 chunk partials
+    // merge them over as many lanes in verify (`SPECIAL_WIDE`): 13 rows of 38 chunks here, 342
+    // partials in the first request. Each row's maximum sits at an offset of its chunk that
+    // another lane and another of the lane's loads reads, every third row with a tie later in
+    // the same chunk (the lowest index wins), and the drafts are those maxima, so every row is
+    // decided. The second round adds a NaN row and a +inf row. A lane, a load or a partial left
+    // out of either fold changes a token or a status. V = 150,001 takes the element loads and
+    // a ragged last chunk, with one row's maximum on its last entry. The wide reductions are
+    // asked for explicitly (by default they run on discrete GPUs only), and must also give the
+    // tokens of the 64-lane ones.
+    let Some(_) = gpu() else { return };
+    let with = |chunks| {
+        Verifier::new(specdec::VerifierOptions {
+            wide_greedy_chunks: Some(chunks),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (wide, narrow) = (with(512), with(0));
+    let mut gen = Gen::new(31);
+    for vocab in [151_936u32, 150_001] {
+        let v = vocab as usize;
+        for round in 0..2 {
+            let mut b = Owned::random(&mut gen, vocab, &[8, 3], &[0.0], 0, 0.0);
+            let mut expected = Vec::new();
+            for r in 0..13 {
+                let chunk = (r * 7) % v.div_ceil(4096);
+                let mut at = (chunk * 4096 + (r * 1301 + 5) % 4096).min(v - 1);
+                if r == 6 {
+                    at = v - 1;
+                }
+                b.target[r * v + at] = 50.0;
+                if r % 3 == 1 {
+                    let tie = (chunk * 4096 + (r * 1301 + 5 + 2600) % 4096).min(v - 1);
+                    b.target[r * v + tie] = 50.0;
+                    at = at.min(tie);
+                }
+                expected.push(at as i32);
+            }
+            // Rows 0..=8 are request 0's (drafts 0..8), rows 9..=12 request 1's (drafts 8..11).
+            for (d, row) in (0..8).chain(9..12).enumerate() {
+                b.drafts[d] = expected[row];
+            }
+            if round == 1 {
+                b.target[3 * v + 77] = f32::NAN;
+                b.target[10 * v + 4097] = f32::INFINITY;
+            }
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            if round == 0 {
+                assert_eq!(
+                    want.emitted(0),
+                    &expected[0..9],
+                    "every draft is the argmax"
+                );
+                assert_eq!(want.emitted(1), &expected[9..13]);
+            } else {
+                assert_eq!(
+                    want.num_emitted,
+                    vec![4, 2],
+                    "the NaN row and the +inf row stop"
+                );
+            }
+            for (name, g) in [("wide", &wide), ("64 lanes", &narrow)] {
+                let got = g.verify_blocking(&b.batch()).unwrap();
+                let diff = twin_differences(&got, &want);
+                assert!(
+                    diff.is_empty(),
+                    "{name}, V = {vocab}, round {round}: {diff:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn a_reused_verifier_gives_every_request_its_residual_token() {
     // A verifier reused across shapes (its pooled workspace still holds the last call's
     // candidates, tasks and output words) and windows of three rows (a request's residual blocks

@@ -126,6 +126,8 @@ pub(crate) struct GpuBackend {
     target_workgroups: u32,
     /// `VerifierOptions::early_race_entries`, its default resolved for this adapter.
     early_race_entries: u64,
+    /// `VerifierOptions::wide_greedy_chunks`, its default resolved for this adapter.
+    wide_greedy_chunks: u32,
     max_binding: u64,
     timeout: Duration,
     layouts: Layouts,
@@ -200,6 +202,13 @@ impl GpuBackend {
                 0
             },
         );
+        let wide_greedy_chunks = opts.wide_greedy_chunks.unwrap_or(
+            if info.device_type == wgpu::DeviceType::DiscreteGpu {
+                opts.target_workgroups / 8
+            } else {
+                0
+            },
+        );
         Ok(GpuBackend {
             device,
             queue,
@@ -207,6 +216,7 @@ impl GpuBackend {
             wg,
             target_workgroups: opts.target_workgroups,
             early_race_entries,
+            wide_greedy_chunks,
             max_binding,
             timeout: opts.timeout,
             layouts,

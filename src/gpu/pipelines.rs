@@ -37,19 +37,28 @@ pub(super) const SPECIAL_LOG_KEYS: u32 = 64;
 /// small one-hot batch raced beside row_stats, the merge reading the stopping row's candidates.
 pub(super) const SPECIAL_EARLY: u32 = 128;
 
+/// Specialisation of all-greedy batches: with `SPECIAL_MAX_ONLY`, row_stats' `block_wide`
+/// entry reduces each chunk over the device's workgroup size instead of the contract's 64
+/// lanes; in verify, the greedy merge takes as many lanes (`VERIFY_WG`). A row's maximum and
+/// the lowest index holding it do not depend on the order of the fold, so the results are the
+/// same bits.
+pub(super) const SPECIAL_WIDE: u32 = 256;
+
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
 /// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
 fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
         // Every combination of SPECIAL_RAW and SPECIAL_ENTROPY with none or one of the
-        // SPECIAL_PLAIN_* bits; SPECIAL_MAX_ONLY (never with the sums) with each load path.
+        // SPECIAL_PLAIN_* bits; SPECIAL_MAX_ONLY (never with the sums) with each load path,
+        // and with SPECIAL_WIDE for f32 or dtype-dispatched rows.
         Kernel::RowStats => &[
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48,
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48, 288, 292,
         ],
         // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
         // specialisation keeps their rescaling out of the chunk merge when they are off.
-        Kernel::Verify => &[0, 1, 2, 3],
+        // SPECIAL_WIDE only without them (an all-greedy batch without raw sums).
+        Kernel::Verify => &[0, 1, 2, 3, SPECIAL_WIDE],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
         // `docs/performance.md`); residual_argmax also without the linear keys' code, and
@@ -156,6 +165,7 @@ pub(super) fn build_pipelines(
             .entry_points()
             .iter()
             .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
+            .filter(|&(&e, &s)| built(kernel, e, s))
         {
             let constants = override_constants(kernel, wg, special);
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -184,6 +194,13 @@ pub(super) fn build_pipelines(
     (layouts, pipelines)
 }
 
+/// Whether `entry` is built in `special`: row_stats' `block_wide` is the `SPECIAL_WIDE`
+/// pipelines' entry, `block` everyone else's (a wide `block` or a narrow `block_wide` would
+/// never be dispatched).
+fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
+    kernel != Kernel::RowStats || (entry == "block_wide") == (special & SPECIAL_WIDE != 0)
+}
+
 /// The `override` constants of one pipeline: the workgroup size, and the specialisation bits
 /// as the 0/1 constants of the kernels that have them.
 fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static str, f64)> {
@@ -191,6 +208,7 @@ fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static st
     if kernel == Kernel::Verify {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
+        constants.push(("WIDE", f64::from((special & SPECIAL_WIDE) >> 8)));
     }
     if matches!(
         kernel,

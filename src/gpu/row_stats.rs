@@ -6,7 +6,7 @@
 use super::bindings::{entry, params_entry, with_params};
 use super::pipelines::{
     SPECIAL_ENTROPY, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_PLAIN_F32,
-    SPECIAL_RAW,
+    SPECIAL_RAW, SPECIAL_WIDE,
 };
 use super::shape::Shape;
 use super::windows::WindowRows;
@@ -26,13 +26,14 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 /// the entropy numerator when some request uses typical acceptance, and when nothing is cut,
 /// plain loads for the target's element type (f32 only when the draft rows are f32 too; the
 /// half paths read draft rows of any type, for batches of at least `half_min_chunks` chunks);
-/// and for an all-greedy batch without raw sums, the maximum alone (`MAX_ONLY`).
+/// and for an all-greedy batch without raw sums, the maximum alone (`MAX_ONLY`), over the
+/// device's workgroup size (`WIDE`) for batches of at most `wide_max_chunks` chunks.
 pub(super) fn special(
     plan: &Plan,
     filters: bool,
-    target: GpuRows<'_>,
-    draft: Option<GpuRows<'_>>,
+    (target, draft): (GpuRows<'_>, Option<GpuRows<'_>>),
     half_min_chunks: usize,
+    wide_max_chunks: usize,
 ) -> u32 {
     let raw = if plan.logprob_flags() & PARAM_RAW != 0 {
         SPECIAL_RAW
@@ -49,7 +50,8 @@ pub(super) fn special(
     // and 26.8 µs through the generic loads (two processes of one run), while from R = 32 (6,080 chunks) the half path was
     // 1.2-2.1x faster (benches/results/nvidia-h200-vulkan-half-rows-*). Below `half_min_chunks`
     // chunks the generic loads run.
-    let small = plan.total_rows * (plan.vocab.div_ceil(CHUNK as u32) as usize) < half_min_chunks;
+    let chunks = plan.total_rows * (plan.vocab.div_ceil(CHUNK as u32) as usize);
+    let small = chunks < half_min_chunks;
     let plain = match target.dtype {
         _ if filters => 0,
         crate::Dtype::F16 | crate::Dtype::Bf16 if small => 0,
@@ -68,7 +70,20 @@ pub(super) fn special(
     } else {
         0
     };
-    raw | ent | plain | max_only
+    // Small all-greedy batches reduce each chunk over the whole workgroup: one round of loads
+    // per lane instead of four. On an H200 row_stats took 0.87-0.99x up to 1,024 chunks and
+    // 1.00-1.25x above, where the batch no longer fits the GPU in one wave and the wider tree's
+    // barriers cost more than the rounds of loads they save (`docs/performance.md`). The half
+    // paths keep their own layout.
+    let wide = if max_only != 0
+        && plain & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) == 0
+        && chunks <= wide_max_chunks
+    {
+        SPECIAL_WIDE
+    } else {
+        0
+    };
+    raw | ent | plain | max_only | wide
 }
 
 impl GpuBackend {
@@ -76,6 +91,17 @@ impl GpuBackend {
     /// workgroups a pass aims for.
     pub(super) fn half_min_chunks(&self) -> usize {
         (self.target_workgroups / 8) as usize
+    }
+
+    /// The most chunks for which an all-greedy batch takes row_stats' `WIDE` pipeline
+    /// (`VerifierOptions::wide_greedy_chunks`; 0: never, as on devices whose workgroups are no
+    /// wider than the contract's 64 lanes).
+    pub(super) fn wide_max_chunks(&self) -> usize {
+        if self.wg as usize > CHUNK_LANES {
+            self.wide_greedy_chunks as usize
+        } else {
+            0
+        }
     }
 
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
@@ -121,7 +147,12 @@ impl GpuBackend {
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        pass.set_pipeline(self.special_pipeline(Kernel::RowStats, "block", shape.special));
+        let entry = if shape.special & SPECIAL_WIDE != 0 {
+            "block_wide"
+        } else {
+            "block"
+        };
+        pass.set_pipeline(self.special_pipeline(Kernel::RowStats, entry, shape.special));
         for (i, w) in shape.windows.iter().enumerate() {
             pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
             pass.dispatch_workgroups(shape.stats_blocks, (w.row_end - w.row_begin) as u32, 1);

@@ -4,7 +4,14 @@
 //! the workspace is sized from it and every `record_*` dispatches by it.
 
 use super::cutoff::CutShape;
-use super::pipelines::{SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
+use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
+
+/// Chunk partials per request above which an all-greedy batch's verify takes the device's
+/// workgroup size instead of 64 lanes (`Shape::verify_wide`). On an H200 the wider merge took
+/// verify to 0.80-0.97x from 190 partials a request (k + 1 rows of 38 chunks at V = 151,936)
+/// and greedy GPU time to 1.01-1.05x at 16-76, where one or two rounds of 64 lanes already
+/// cover them (`docs/performance.md`).
+const WIDE_VERIFY_PARTIALS: u64 = 128;
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
 use crate::batch::Plan;
@@ -48,6 +55,9 @@ pub(super) struct Shape {
     pub cut: CutShape,
     /// Words of the packed output (read back).
     pub out_words: usize,
+    /// verify's `WIDE` pipeline: an all-greedy batch on an adapter that takes the wide
+    /// reductions, whose requests may have more than `WIDE_VERIFY_PARTIALS` chunk partials.
+    pub verify_wide: bool,
     /// A tree batch (`PARAM_TREE`): the residual pass reads the walk's race headers.
     pub tree: bool,
     /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
@@ -83,7 +93,13 @@ impl Shape {
         let block_len = g.residual_block_len(plan.vocab, races);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
-        let special = row_stats::special(plan, filters, target, draft, g.half_min_chunks());
+        let special = row_stats::special(
+            plan,
+            filters,
+            (target, draft),
+            g.half_min_chunks(),
+            g.wide_max_chunks(),
+        );
         let mut block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
         // The plain half paths reduce chunks in pairs (row_stats.wgsl, half_chunks): an even
         // count per workgroup keeps both halves of the workgroup busy on every pair.
@@ -110,6 +126,9 @@ impl Shape {
             needs_residual,
             cut,
             out_words: plan.out_words(),
+            verify_wide: g.wide_max_chunks() > 0
+                && special & SPECIAL_MAX_ONLY != 0
+                && plan.out_stride as u64 * u64::from(num_chunks) > WIDE_VERIFY_PARTIALS,
             windows,
             tree,
             early,

@@ -5,7 +5,7 @@
 //! entry takes the joint decision of block requests once block_mass has their masses.
 
 use super::bindings::{bound, entry, params_entry, with_params};
-use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW};
+use super::pipelines::{SPECIAL_ENTROPY, SPECIAL_RAW, SPECIAL_WIDE};
 use super::shape::Shape;
 use super::workspace::Workspace;
 use super::GpuBackend;
@@ -60,9 +60,11 @@ impl GpuBackend {
     }
 
     /// verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
-    /// specialisation, less the load path.
+    /// specialisation, less the load path; and the greedy merge over the device's workgroup
+    /// size (`SPECIAL_WIDE`) where the shape says so.
     fn verify_special(shape: &Shape) -> u32 {
-        shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY)
+        let wide = if shape.verify_wide { SPECIAL_WIDE } else { 0 };
+        shape.special & (SPECIAL_RAW | SPECIAL_ENTROPY) | wide
     }
 
     /// Dispatches verify's `main`: one workgroup per request.

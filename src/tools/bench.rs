@@ -126,6 +126,8 @@ pub struct BenchConfig {
     pub target_workgroups: u32,
     /// `VerifierOptions::early_race_entries` of the verifier under test (`None`: its default).
     pub early_race_entries: Option<u64>,
+    /// `VerifierOptions::wide_greedy_chunks` of the verifier under test (`None`: its default).
+    pub wide_greedy_chunks: Option<u32>,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
@@ -168,6 +170,7 @@ impl BenchConfig {
             baseline_vocab: 151_936,
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
+            wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -193,6 +196,7 @@ impl BenchConfig {
             baseline_vocab: 32_000,
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
+            wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -506,6 +510,7 @@ impl GpuBench {
         let opts = VerifierOptions {
             target_workgroups: cfg.target_workgroups,
             early_race_entries: cfg.early_race_entries,
+            wide_greedy_chunks: cfg.wide_greedy_chunks,
             shader_checks: cfg.shader_checks,
             workgroup_size: cfg.workgroup_size,
             ..VerifierOptions::default()
@@ -1823,6 +1828,9 @@ Options:
   --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
                       row_stats (VerifierOptions::early_race_entries; 0 = off; default:
                       1,250,000 on discrete GPUs, else off)
+  --wide-greedy N     all-greedy batches of at most N chunks reduce over whole workgroups
+                      (VerifierOptions::wide_greedy_chunks; 0 = off; default: 1,024 on discrete
+                      GPUs, else off)
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
@@ -1929,6 +1937,9 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
             "--early-race" => {
                 cfg.early_race_entries = Some(parse_one("--early-race", &value()?)?);
+            }
+            "--wide-greedy" => {
+                cfg.wide_greedy_chunks = Some(parse_one("--wide-greedy", &value()?)?);
             }
             "--out" => out = value()?.into(),
             "--modes" => {
