@@ -218,30 +218,17 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32,
 // the quad), and bits >= tb implies w >= t (w is bits truncated to 24 significant bits, over
 // 2^32, and T = t·2^32 lies on that grid or below 2^24), with t padded against exp's ulps.
 fn log_quad_may(l: vec4<f32>, words: vec4<u32>, c: RaceCtx, bound: f32) -> bool {
-    let ninf = vec4<f32>(bitcast<f32>(NEG_INF_BITS));
-    // Cut-off and NaN entries have p = 0 (race_step skips them); NaN is kept out of max (bit
-    // tests, as is_nan: a float test may be folded away).
-    let nan = (bitcast<vec4<u32>>(l) & vec4<u32>(0x7fffffffu)) > vec4<u32>(POS_INF_BITS);
-    let lc = select(l, ninf, (l < vec4<f32>(c.cut)) | nan);
-    let zmax = max(max(lc.x, lc.y), max(lc.z, lc.w)) * c.inv_t;
+    let zmax = quad_max_logit(l, c.cut) * c.inv_t;
     if (is_neg_inf(zmax)) {
         return false;
     }
-    let big_t = exp(zmax - bound) * (4294967296.0 * 1.001);
-    if (!(big_t < 4.0e9)) {
-        return true; // also a -inf bound (t = +inf)
-    }
-    let tb = u32(big_t) + 2u;
-    return any(words < vec4<u32>(tb));
+    return words_below(words, exp(zmax - bound)); // a -inf bound gives t = +inf: true
 }
 
 // The same for the linear keys r / e and p / e (race_step: r > B_r·w or p > B_p·w): every
 // entry's p is at most the quad's largest, and r = max(ρ p − q, 0) at most ρ p.
 fn linear_quad_may(l: vec4<f32>, words: vec4<u32>, c: RaceCtx, bound_r: f32, bound_p: f32) -> bool {
-    let ninf = vec4<f32>(bitcast<f32>(NEG_INF_BITS));
-    let nan = (bitcast<vec4<u32>>(l) & vec4<u32>(0x7fffffffu)) > vec4<u32>(POS_INF_BITS);
-    let lc = select(l, ninf, (l < vec4<f32>(c.cut)) | nan);
-    let lmax = max(max(lc.x, lc.y), max(lc.z, lc.w));
+    let lmax = quad_max_logit(l, c.cut);
     if (is_neg_inf(lmax)) {
         return false;
     }
@@ -249,7 +236,23 @@ fn linear_quad_may(l: vec4<f32>, words: vec4<u32>, c: RaceCtx, bound_r: f32, bou
         return true; // no bound yet on one side (keys start at -inf): nothing to test against
     }
     let pmax = exp((lmax - c.st.t_max) * c.inv_t) * c.inv_sum;
-    let big_t = pmax * max(max(c.rho, 1.0) / bound_r, 1.0 / bound_p) * (4294967296.0 * 1.001);
+    return words_below(words, pmax * max(max(c.rho, 1.0) / bound_r, 1.0 / bound_p));
+}
+
+// The largest logit of a quad that race_step could take: cut-off and NaN entries have p = 0
+// (race_step skips them), NaN kept out of max by bit tests (as is_nan: a float test may be
+// folded away). -inf when there is none.
+fn quad_max_logit(l: vec4<f32>, cut: f32) -> f32 {
+    let nan = (bitcast<vec4<u32>>(l) & vec4<u32>(0x7fffffffu)) > vec4<u32>(POS_INF_BITS);
+    let lc = select(l, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), (l < vec4<f32>(cut)) | nan);
+    return max(max(lc.x, lc.y), max(lc.z, lc.w));
+}
+
+// Whether some noise word of a quad may lie below the threshold t: bits < T + 2 with
+// T = t·2^32·1.001 (the padding against exp's ulps); any T at or past 4e9 (or NaN, +inf)
+// passes the quad.
+fn words_below(words: vec4<u32>, t: f32) -> bool {
+    let big_t = t * (4294967296.0 * 1.001);
     if (!(big_t < 4.0e9)) {
         return true;
     }

@@ -82,14 +82,10 @@ impl Shape {
         let n = plan.num_requests();
         let windows = plan_windows(plan, max_rows);
         let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
-        let early = !tree && g.takes_early_race(plan);
         // The early race runs one race per sampled row, the other modes one per request.
-        let races = if early {
-            let (sampled, draft_rows) = sampled_requests_and_draft_rows(plan);
-            sampled + draft_rows
-        } else {
-            n
-        };
+        let early_races = if tree { None } else { g.early_races(plan) };
+        let early = early_races.is_some();
+        let races = early_races.unwrap_or(n);
         let block_len = g.residual_block_len(plan.vocab, races);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
@@ -190,11 +186,18 @@ impl GpuBackend {
     /// the race adds (the sampled requests' draft rows). Racing k + 1 rows per request instead
     /// of one pays only while the GPU has room beside row_stats (`docs/performance.md`).
     pub(crate) fn takes_early_race(&self, plan: &Plan) -> bool {
+        self.early_races(plan).is_some()
+    }
+
+    /// The races of the early race when a chain batch takes it (`takes_early_race`): every
+    /// sampled request's draft rows and its bonus row.
+    fn early_races(&self, plan: &Plan) -> Option<usize> {
         let (sampled, added) = sampled_requests_and_draft_rows(plan);
-        plan.draft_kind == DRAFT_NONE
+        let takes = plan.draft_kind == DRAFT_NONE
             && plan.total_drafts > 0
             && sampled > 0
-            && added as u64 * u64::from(plan.vocab) <= self.early_race_entries
+            && added as u64 * u64::from(plan.vocab) <= self.early_race_entries;
+        takes.then_some(sampled + added)
     }
 }
 
