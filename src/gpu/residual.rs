@@ -19,9 +19,13 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 
 impl GpuBackend {
     /// Vocabulary entries per residual_argmax workgroup for `requests` requests of `vocab`: about
-    /// `target_workgroups / 4` workgroups in all (at least 4 entries per lane), a multiple of 4,
+    /// `target_workgroups / 16` workgroups in all (at least 4 entries per lane), a multiple of 4,
     /// and few enough blocks for one dispatch dimension. Any value gives the same tokens (the
-    /// argmax does not depend on how it is split).
+    /// argmax does not depend on how it is split). Longer blocks raise each workgroup's race
+    /// bound sooner and let more lanes take the quad tests (at least 4 quads a lane), so more
+    /// quads are settled without their per-entry test: on an H200, a sixteenth took GPU time to
+    /// 0.957x of a quarter (the residual pass 0.85x at R = 32, 0.88x at R = 128), an eighth and a
+    /// thirty-second 0.98-0.99x, a sixty-fourth 1.03x (`docs/performance.md`).
     pub fn residual_block_len(&self, vocab: u32, requests: usize) -> u32 {
         let max_blocks = self
             .device
@@ -30,7 +34,7 @@ impl GpuBackend {
             .max(1);
         let lanes = 4 * self.wg;
         let want = (u64::from(vocab) * requests as u64)
-            .div_ceil(u64::from(self.target_workgroups / 4).max(1));
+            .div_ceil(u64::from(self.target_workgroups / 16).max(1));
         let len = (want.min(u64::from(vocab)) as u32)
             .next_multiple_of(lanes)
             .max(lanes);
