@@ -535,9 +535,10 @@ fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
     // the same chunk (the lowest index wins), and the drafts are those maxima, so every row is
     // decided. The second round adds a NaN row and a +inf row. A lane, a load or a partial left
     // out of either fold changes a token or a status. V = 150,001 takes the element loads and
-    // a ragged last chunk, with one row's maximum on its last entry. The wide reductions are
-    // asked for explicitly (by default they run on discrete GPUs only), and must also give the
-    // tokens of the 64-lane ones.
+    // a ragged last chunk, with one row's maximum on its last entry; bf16 copies of the rows
+    // take the dtype-dispatching loads. The wide reductions are asked for explicitly (by
+    // default they run on discrete GPUs only), and must also give the tokens of the 64-lane
+    // ones.
     let Some(_) = gpu() else { return };
     let with = |chunks| {
         Verifier::new(specdec::VerifierOptions {
@@ -590,12 +591,31 @@ fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
                     "the NaN row and the +inf row stop"
                 );
             }
+            // The same rows as bf16 (truncated bits; the maxima, NaN and +inf survive), which
+            // a batch this small reads through the dtype-dispatching loads.
+            let bits: Vec<u16> = b
+                .target
+                .iter()
+                .map(|x| (x.to_bits() >> 16) as u16)
+                .collect();
+            let half = specdec::VerifyBatch {
+                target_logits: specdec::Logits::Bf16(&bits),
+                ..b.batch()
+            };
+            let want_half = cpu().verify_blocking(&half).unwrap();
+            assert_eq!(want_half.tokens, want.tokens, "the planted maxima decide");
             for (name, g) in [("wide", &wide), ("64 lanes", &narrow)] {
                 let got = g.verify_blocking(&b.batch()).unwrap();
                 let diff = twin_differences(&got, &want);
                 assert!(
                     diff.is_empty(),
                     "{name}, V = {vocab}, round {round}: {diff:?}"
+                );
+                let got = g.verify_blocking(&half).unwrap();
+                let diff = twin_differences(&got, &want_half);
+                assert!(
+                    diff.is_empty(),
+                    "{name}, bf16, V = {vocab}, round {round}: {diff:?}"
                 );
             }
         }
