@@ -34,13 +34,15 @@ pub struct VerifierOptions {
     pub early_race_entries: Option<u64>,
     /// All-greedy batches (no raw logprobs) of at most this many chunks (4,096-entry pieces of
     /// a row; 0 turns it off) reduce each chunk over the device's workgroup size instead of 64
-    /// lanes, and merge their chunk partials over as many lanes: a row's maximum and the lowest
-    /// index holding it do not depend on the order of the fold, and each lane then waits out
-    /// one round of loads instead of four. `None` (the default) is `target_workgroups / 8`
-    /// (1,024) on adapters wgpu reports as discrete GPUs, where an H200's greedy GPU time took
-    /// 0.86-1.01x up to 1,024 chunks and 1.0-1.17x above (`docs/performance.md`), and off
-    /// elsewhere: llvmpipe, which runs a workgroup's lanes on one CPU thread, took 1.6-2.5x as
-    /// long, and integrated GPUs are not measured. Tuning only: the tokens never depend on it.
+    /// lanes: a row's maximum and the lowest index holding it do not depend on the order of
+    /// the fold, and each lane then waits out one round of loads instead of four. While it is
+    /// not 0, all-greedy requests with more than 128 chunk partials also merge them over as
+    /// many lanes, at any batch size. `None` (the default) is `target_workgroups / 8` (1,024)
+    /// on adapters wgpu reports as discrete GPUs, where an H200's greedy GPU time took
+    /// 0.86-1.01x up to 1,024 chunks and 0.99-1.17x with the wide chunks above it
+    /// (`docs/performance.md`), and off elsewhere: llvmpipe, which runs a workgroup's lanes on
+    /// one CPU thread, took 1.6-2.5x as long, and integrated GPUs are not measured. Tuning
+    /// only: the tokens never depend on it.
     pub wide_greedy_chunks: Option<u32>,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.

@@ -5,6 +5,10 @@
 
 use super::cutoff::CutShape;
 use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
+use super::windows::{plan_windows, Window};
+use super::{row_stats, GpuBackend, GpuRows};
+use crate::batch::Plan;
+use crate::layout::*;
 
 /// Chunk partials per request above which an all-greedy batch's verify takes the device's
 /// workgroup size instead of 64 lanes (`Shape::verify_wide`). On an H200 the wider merge took
@@ -12,10 +16,6 @@ use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
 /// and greedy GPU time to 1.01-1.05x at 16-76, where one or two rounds of 64 lanes already
 /// cover them (`docs/performance.md`).
 const WIDE_VERIFY_PARTIALS: u64 = 128;
-use super::windows::{plan_windows, Window};
-use super::{row_stats, GpuBackend, GpuRows};
-use crate::batch::Plan;
-use crate::layout::*;
 
 /// What the passes of one verification dispatch.
 pub(super) struct Shape {
