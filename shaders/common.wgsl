@@ -32,6 +32,10 @@ struct Params {
     stats_blocks: u32,   // row_stats workgroups per row = ceil(num_chunks / block_chunks)
     flags: u32,          // PARAM_* bits of this window
     cut_slice: u32,      // row entries per cutoff scan workgroup (tuning only, never changes results)
+    cut_list: u32,       // words of a cutoff slot's list of top-p candidates (tuning only)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // Params::flags: rows of this window start on 16-byte boundaries (V a multiple of a vec4's

@@ -12,12 +12,23 @@
 // more than k entries when the k-th value repeats. NaN entries are skipped (row_stats flags the
 // row non-finite); a row whose max is -inf or +inf gets no cut-off.
 //
-// No sort: values map to order-preserving u32 keys and each cut-off is a radix select, 8 bits per
-// round over four rounds, each round one pass over the row building a 256-bin histogram (counts
-// for top-k; for top-p the masses exp((l - max) / T) in 2^-31 fixed point, summed as 64-bit
-// integers emulated with u32 pairs). Integer sums do not depend on the order of the additions,
-// so the cut-off does not depend on the batch, on how a row is split between workgroups or on
-// the device (beyond the few-ulp freedom of exp), and the twin reproduces it.
+// No sort: values map to order-preserving u32 keys and each cut-off is a select over 256-bin
+// histograms (counts for top-k; for top-p the masses exp((l - max) / T) in 2^-31 fixed point,
+// summed as 64-bit integers emulated with u32 pairs). Integer sums do not depend on the order of
+// the additions, so the cut-off does not depend on the batch, on how a row is split between
+// workgroups or on the device (beyond the few-ulp freedom of exp), and the twin reproduces it.
+//   top-k  a radix select, 8 bits of the key per round over four rounds, each round one pass
+//          over the row.
+//   top-p  two passes over the row instead of four: the first builds the mass histogram of 256
+//          equal bins of z = (max - l) / T below the max (bins are intervals of values, the top
+//          bin holds the max), which picks the bin holding the cut-off; the second gathers that
+//          bin's entries (a few thousand on real rows) into the row's slot, and `pick` runs the
+//          four radix rounds over them alone (none when they are all equal). A bin too full for
+//          the slot's list (params.cut_list: the whole row at small batches, at least 4,096
+//          entries) is selected by `pick`'s workgroup reading the row itself, restricted to the
+//          bin: slower, same cut-off. The key found is the
+//          largest whose upper set weighs the target, exactly as four radix rounds over the
+//          row find it (the twin's way): every entry of a higher bin has a larger value.
 //
 // A row is split over many workgroups: one workgroup per row made every pass a long serial
 // loop (milliseconds on a big GPU while the rest of the verification takes tens of µs). Each
@@ -30,7 +41,7 @@
 //            memory, then adds its partial into the slot with integer atomics
 //     pick   (1, rows, sides): reads the totals, picks the digit / bound, clears the histogram
 //            and moves the row to its next stage; a row reaching DONE writes its cut-off
-// with N = 1 + [any min-p] + 4 [any top-k] + 4 [any top-p] over the batch. Rows needing fewer
+// with N = 1 + [any min-p] + 4 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
 // stages (or stopping early: top-k with at most k candidates) sit at DONE and their workgroups
 // return at once. Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
 // only; otherwise z has one value).
@@ -52,8 +63,19 @@ const KEY_POS_INF: u32 = 0xff800000u;
 // Mass of one entry in fixed point: exp((l - max) / T) · 2^31, so the max entry weighs 2^31.
 const MASS_SCALE: f32 = 2147483648.0;
 
-// Slot layout (words). The histogram's 64-bit bins are (hi, lo) pairs; a count fits lo alone.
-const STATE_WORDS: u32 = 528u; // keep equal to CUT_STATE_WORDS in gpu.rs
+// Entries of the top-p bin one scan workgroup collects before adding them to the slot's list
+// with one global atomic; past it, each entry takes a global atomic of its own.
+const LOCAL_CAP: u32 = 1024u;
+// Top-p bins span z = (max - l) / T in [0, 22] at most: beyond 21.49, exp(-z) 2^31 truncates to a
+// mass of 0, so the bins past it weigh nothing and never hold a cut-off.
+const BIN_RANGE: f32 = 22.0;
+
+// Slot layout (words): S_LIST head words (keep equal to CUT_HEAD_WORDS in cutoff.rs), then the
+// list of the chosen top-p bin's keys, params.cut_list words: the host sizes it from the batch
+// (the whole row for small batches, at least 4,096 entries; at the top-p cut-off of N(0, 2)
+// logits over 151,936 entries at T = 1 a bin holds about 2,000). A bin with more entries than
+// the list holds is selected from the row itself. The histogram's 64-bit bins are (hi, lo)
+// pairs; a count fits lo alone.
 const S_MAX: u32 = 0u;     // max key of the row (atomicMax over the scans)
 const S_MIN: u32 = 1u;     // smallest key passing min-p (atomicMin over the scans)
 const S_STAGE: u32 = 2u;   // ST_*
@@ -61,19 +83,34 @@ const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
 const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
 const S_NEED_HI: u32 = 5u; // weight still needed inside the chosen prefix
 const S_NEED_LO: u32 = 6u;
+const S_PCOUNT: u32 = 7u;  // entries of the chosen top-p bin (past params.cut_list: too full)
+const S_RMIN: u32 = 8u;    // min key of the row's finite values (atomicMin over the max scans)
+const S_SCALE: u32 = 9u;   // f32 bits: top-p bins per unit of z
+const S_CMIN: u32 = 10u;   // least and greatest key of the chosen top-p bin's entries
+const S_CMAX: u32 = 11u;
 const S_HIST_LO: u32 = 16u;
 const S_HIST_HI: u32 = 272u; // S_HIST_LO + BINS
+const S_LIST: u32 = 528u;  // the chosen top-p bin's keys (params.cut_list words)
 
 // Stages, in order; a row skips those its request does not ask for.
 const ST_MAX: u32 = 0u;
 const ST_MINP: u32 = 1u;
 const ST_K0: u32 = 2u; // top-k rounds 0..3 (count histograms)
-const ST_P0: u32 = 6u; // top-p rounds 0..3 (mass histograms)
-const ST_DONE: u32 = 10u;
+const ST_PB: u32 = 6u; // top-p: the mass histogram of the value bins
+const ST_PC: u32 = 7u; // top-p: the chosen bin's entries gathered, then selected by `pick`
+const ST_DONE: u32 = 8u;
 
 var<workgroup> h_lo: array<atomic<u32>, BINS>;
 var<workgroup> h_hi: array<atomic<u32>, BINS>;
 var<workgroup> red_key: atomic<u32>;
+var<workgroup> red_min: atomic<u32>;
+// The top-p bin's entries found by a scan workgroup (LOCAL_CAP kept), and where they go.
+var<workgroup> l_cnt: atomic<u32>;
+var<workgroup> l_kmin: atomic<u32>;
+var<workgroup> l_kmax: atomic<u32>;
+var<workgroup> l_list: array<u32, LOCAL_CAP>;
+var<workgroup> w_off: u32;
+var<workgroup> w_scale: f32;
 // Lane 0's view of the slot, broadcast (the stage through workgroupUniformLoad).
 var<workgroup> w_stage: u32;
 var<workgroup> w_slot: u32;
@@ -117,7 +154,7 @@ fn ge64(a_hi: u32, a_lo: u32, b_hi: u32, b_lo: u32) -> bool {
 
 // The first word of the scratch slot of (local target row, side).
 fn state_at(local_row: u32, side: u32) -> u32 {
-    return (side * params.row_count + local_row) * STATE_WORDS;
+    return (side * params.row_count + local_row) * (S_LIST + params.cut_list);
 }
 
 // The index in `cutoffs` of (local target row, side), or NO_INDEX when that side has no row to
@@ -194,7 +231,36 @@ fn min_p_key(acc: u32, x: f32, m: f32, inv_t: f32, log_min_p: f32) -> u32 {
     return acc;
 }
 
-// What a radix round needs to know about the row (uniform over the workgroup).
+// `acc` lowered to the key of x unless x is NaN or -inf (never a candidate: a row masked with
+// -inf keeps its top-p bins as narrow as its finite values allow).
+fn min_key(acc: u32, x: f32) -> u32 {
+    if (is_nan(x) || is_neg_inf(x)) {
+        return acc;
+    }
+    return min(acc, key_of(x));
+}
+
+// The top-p bin of x (not NaN, x <= m) as a digit, 255 for the bin of the max: z = (m - x) / T
+// in steps of 1 / scale, capped. Each operation is monotone in x, so a bin is an interval of
+// values and a higher digit holds larger values (what the radix select's walk from the top
+// needs). The cap keeps the product finite whatever the scale.
+fn bin_digit(x: f32, m: f32, inv_t: f32, scale: f32) -> u32 {
+    return 255u - u32(min(min((m - x) * inv_t, BIN_RANGE) * scale, 255.0));
+}
+
+// Top-p bins per unit of z for a row of max m whose candidates are at least `lower`: 256 bins
+// over z in [0, min(22, (m - lower) / T)], so the bins are as narrow as the candidates allow.
+fn bin_scale(m: f32, lower: f32, inv_t: f32) -> f32 {
+    var range = BIN_RANGE;
+    let z = (m - lower) * inv_t;
+    if (z < BIN_RANGE) {
+        range = z;
+    }
+    // Every candidate equal to m (range 0): any scale puts them all in the top bin.
+    return 256.0 / max(range, 1e-30);
+}
+
+// What a histogram round needs to know about the row (uniform over the workgroup).
 struct Round {
     kbase: u32,
     prefix: u32,
@@ -203,10 +269,15 @@ struct Round {
     mass_mode: bool,
     m: f32,
     inv_t: f32,
+    // Digits are the top-p value bins (ST_PB) instead of 8 bits of the key.
+    value_bins: bool,
+    scale: f32,
+    // Only entries of this top-p bin are candidates (NO_INDEX: any).
+    only_bin: u32,
 }
 
 // Adds entry x into the workgroup histogram when it is a candidate of the round: not NaN, at or
-// above kbase, carrying the prefix of the digits chosen so far.
+// above kbase, in `only_bin` if set, carrying the prefix of the digits chosen so far.
 fn radix_add(r: Round, x: f32) {
     if (is_nan(x)) {
         return;
@@ -215,10 +286,18 @@ fn radix_add(r: Round, x: f32) {
     if (kx < r.kbase) {
         return;
     }
-    if (r.round > 0u && (kx >> (32u - 8u * r.round)) != r.prefix) {
-        return;
+    var bin = 0u;
+    if (r.value_bins) {
+        bin = bin_digit(x, r.m, r.inv_t, r.scale);
+    } else {
+        if (r.only_bin != NO_INDEX && bin_digit(x, r.m, r.inv_t, r.scale) != r.only_bin) {
+            return;
+        }
+        if (r.round > 0u && (kx >> (32u - 8u * r.round)) != r.prefix) {
+            return;
+        }
+        bin = (kx >> r.shift) & 255u;
     }
-    let bin = (kx >> r.shift) & 255u;
     if (r.mass_mode) {
         let fx = u32(exp((x - r.m) * r.inv_t) * MASS_SCALE);
         let old = atomicAdd(&h_lo[bin], fx);
@@ -227,6 +306,29 @@ fn radix_add(r: Round, x: f32) {
         }
     } else {
         atomicAdd(&h_lo[bin], 1u);
+    }
+}
+
+// Collects entry x into the workgroup's list when it is a candidate in top-p bin `bin` (past
+// LOCAL_CAP straight into the list of the slot at `at`), and widens the bin's key range.
+fn gather(r: Round, bin: u32, at: u32, x: f32) {
+    if (is_nan(x)) {
+        return;
+    }
+    let kx = key_of(x);
+    if (kx < r.kbase || bin_digit(x, r.m, r.inv_t, r.scale) != bin) {
+        return;
+    }
+    atomicMin(&l_kmin, kx);
+    atomicMax(&l_kmax, kx);
+    let i = atomicAdd(&l_cnt, 1u);
+    if (i < LOCAL_CAP) {
+        l_list[i] = kx;
+        return;
+    }
+    let j = atomicAdd(&state[at + S_PCOUNT], 1u);
+    if (j < params.cut_list) {
+        atomicStore(&state[at + S_LIST + j], kx);
     }
 }
 
@@ -241,12 +343,23 @@ fn next_stage(s: u32, info: ReqInfo) -> u32 {
         t = ST_K0;
     }
     if (t == ST_K0 && info.top_k == 0u) {
-        t = ST_P0;
+        t = ST_PB;
     }
-    if (t == ST_P0 && !(info.top_p < 1.0)) {
+    if (t == ST_PB && !(info.top_p < 1.0)) {
         t = ST_DONE;
     }
     return t;
+}
+
+// Moves the slot at `at` to stage `next`; entering top-p, also sets its bin scale from the row's
+// max and the lowest candidate (the row's min, or kbase where earlier controls cut higher).
+fn set_stage(at: u32, next: u32, kbase: u32, inv_t: f32) {
+    if (next == ST_PB) {
+        let m = value_of(atomicLoad(&state[at + S_MAX]));
+        let lower = value_of(max(kbase, atomicLoad(&state[at + S_RMIN])));
+        atomicStore(&state[at + S_SCALE], bitcast<u32>(bin_scale(m, lower, inv_t)));
+    }
+    atomicStore(&state[at + S_STAGE], next);
 }
 
 // The cut-off of a row whose selects are over: -inf when nothing is cut.
@@ -255,6 +368,36 @@ fn cut_of(kbase: u32) -> f32 {
         return bitcast<f32>(NEG_INF_BITS);
     }
     return value_of(kbase);
+}
+
+// The scan of ST_PC: the entries of the chosen top-p bin (the slot's prefix after ST_PB) in
+// this workgroup's slice, added to the slot's list with one global atomic for the workgroup's
+// first LOCAL_CAP (the slot's count may pass params.cut_list: `pick` then reads the row), and
+// the bin's key range. Called in uniform control flow (barriers).
+fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32) {
+    for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+        let v = load4(side, base, y, end);
+        gather(r, r.prefix, at, v.x);
+        gather(r, r.prefix, at, v.y);
+        gather(r, r.prefix, at, v.z);
+        gather(r, r.prefix, at, v.w);
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
+        var off = params.cut_list;
+        if (n != 0u) {
+            off = atomicAdd(&state[at + S_PCOUNT], n);
+            atomicMin(&state[at + S_CMIN], atomicLoad(&l_kmin));
+            atomicMax(&state[at + S_CMAX], atomicLoad(&l_kmax));
+        }
+        w_off = off;
+    }
+    let off = workgroupUniformLoad(&w_off);
+    let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
+    for (var i = lane; i < n && off + i < params.cut_list; i += WG) {
+        atomicStore(&state[at + S_LIST + off + i], l_list[i]);
+    }
 }
 
 @compute @workgroup_size(256)
@@ -279,6 +422,8 @@ fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u) {
         atomicStore(&state[at + S_MAX], 0u);
         atomicStore(&state[at + S_MIN], 0xffffffffu);
+        atomicStore(&state[at + S_RMIN], 0xffffffffu);
+        atomicStore(&state[at + S_PCOUNT], 0u);
         atomicStore(&state[at + S_STAGE], ST_MAX);
         atomicStore(&state[at + S_KBASE], KEY_MIN_FINITE);
         atomicStore(&state[at + S_PREFIX], 0u);
@@ -301,9 +446,14 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             w_kbase = atomicLoad(&state[at + S_KBASE]);
             w_prefix = atomicLoad(&state[at + S_PREFIX]);
             w_max = atomicLoad(&state[at + S_MAX]);
+            w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
         }
         w_stage = stage;
         atomicStore(&red_key, select(0u, 0xffffffffu, stage == ST_MINP));
+        atomicStore(&red_min, 0xffffffffu);
+        atomicStore(&l_cnt, 0u);
+        atomicStore(&l_kmin, 0xffffffffu);
+        atomicStore(&l_kmax, 0u);
     }
     // Also the barrier after the clears above.
     let stage = workgroupUniformLoad(&w_stage);
@@ -318,16 +468,20 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let inv_t = info.inv_temperature;
     let base = row_base(wid.y, side);
     if (stage == ST_MAX) {
-        // The row max (NaN skipped).
+        // The row max (NaN skipped) and its least finite value.
         var local_max = 0u;
+        var local_min = 0xffffffffu;
         for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
             let v = load4(side, base, y, end);
             local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+            local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
         }
         atomicMax(&red_key, local_max);
+        atomicMin(&red_min, local_min);
         workgroupBarrier();
         if (lane == 0u) {
             atomicMax(&state[at + S_MAX], atomicLoad(&red_key));
+            atomicMin(&state[at + S_RMIN], atomicLoad(&red_min));
         }
         return;
     }
@@ -351,9 +505,15 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    // A radix round: histogram of digit `round` of the keys >= kbase that carry the prefix.
+    // A histogram round: top-k's radix rounds (digit `round` of the keys >= kbase that carry
+    // the prefix), top-p's value bins; or top-p's gathering of the chosen bin.
     let round = (stage - ST_K0) & 3u;
-    let r = Round(w_kbase, w_prefix, round, 24u - 8u * round, stage >= ST_P0, m, inv_t);
+    let r = Round(w_kbase, w_prefix, round, 24u - 8u * round, stage >= ST_PB, m, inv_t,
+                  stage == ST_PB, w_scale, NO_INDEX);
+    if (stage == ST_PC) {
+        gather_bin(r, lane, at, side, base, begin, end);
+        return;
+    }
     for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
         let v = load4(side, base, y, end);
         radix_add(r, v.x);
@@ -379,6 +539,134 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 
+// Suffix sums of the histogram in suf_lo / suf_hi: suf[b] = weight of the bins >= b (8
+// doubling steps). 256 lanes, one bin each; uniform control flow (barriers).
+fn suffix_sums(lane: u32) {
+    for (var off = 1u; off < BINS; off <<= 1u) {
+        var lo = suf_lo[lane];
+        var hi = suf_hi[lane];
+        if (lane + off < BINS) {
+            let o_lo = suf_lo[lane + off];
+            let n_lo = lo + o_lo;
+            hi = hi + suf_hi[lane + off] + select(0u, 1u, n_lo < lo);
+            lo = n_lo;
+        }
+        workgroupBarrier();
+        suf_lo[lane] = lo;
+        suf_hi[lane] = hi;
+        workgroupBarrier();
+    }
+}
+
+// The chosen bin after suffix_sums, into w_digit: the highest b whose suffix reaches the need
+// (the walk from the top stops there), with the weight above it in w_acc. The walk would stop at
+// no bin only if the need exceeded the total (it cannot); it would then end on bin 0 having
+// added every bin. Uniform control flow (barriers).
+fn choose(lane: u32, n_hi: u32, n_lo: u32) {
+    if (lane == 0u) {
+        w_digit = 0u;
+        w_acc_hi = suf_hi[0];
+        w_acc_lo = suf_lo[0];
+    }
+    workgroupBarrier();
+    var above_lo = 0u;
+    var above_hi = 0u;
+    if (lane + 1u < BINS) {
+        above_lo = suf_lo[lane + 1u];
+        above_hi = suf_hi[lane + 1u];
+    }
+    if (ge64(suf_hi[lane], suf_lo[lane], n_hi, n_lo) && !ge64(above_hi, above_lo, n_hi, n_lo)) {
+        w_digit = lane;
+        w_acc_hi = above_hi;
+        w_acc_lo = above_lo;
+    }
+    workgroupBarrier();
+}
+
+// Lane 0: what is still needed inside the chosen bin (need - weight above it).
+fn take_need_above() {
+    let acc_lo = w_acc_lo;
+    let n_lo = w_need_lo;
+    w_need_hi = w_need_hi - w_acc_hi - select(0u, 1u, n_lo < acc_lo);
+    w_need_lo = n_lo - acc_lo;
+}
+
+// Top-p's last step, ST_PC: four radix rounds over the chosen bin's entries, from the slot's
+// list, or from the row (restricted to the bin) when the bin was too full for the list. The
+// largest key whose upper set within the bin weighs what is still needed is the cut-off. A bin
+// whose entries are all equal (ties, coarse number formats) needs no rounds: the chosen bin
+// weighs at least what is still needed, which is at least 1, so its one value is the cut-off.
+// Uniform control flow (barriers).
+fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
+    if (lane == 0u) {
+        w_stage = atomicLoad(&state[at + S_PCOUNT]);
+        w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
+        w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
+        w_kbase = atomicLoad(&state[at + S_KBASE]);
+        w_digit = atomicLoad(&state[at + S_PREFIX]);
+        w_max = atomicLoad(&state[at + S_MAX]);
+        w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
+        let kmin = atomicLoad(&state[at + S_CMIN]);
+        w_prefix = select(0u, kmin, kmin == atomicLoad(&state[at + S_CMAX]));
+        w_stop = select(4u, 0u, kmin == atomicLoad(&state[at + S_CMAX]));
+    }
+    let rounds = workgroupUniformLoad(&w_stop);
+    let count = workgroupUniformLoad(&w_stage);
+    let from_list = count <= params.cut_list;
+    let kbase = w_kbase;
+    let bin = w_digit;
+    let m = value_of(w_max);
+    let scale = w_scale;
+    let base = row_base(local_row, side);
+    let len = row_len(side);
+    for (var round = 0u; round < rounds; round++) {
+        atomicStore(&h_lo[lane], 0u);
+        atomicStore(&h_hi[lane], 0u);
+        workgroupBarrier();
+        let r = Round(kbase, w_prefix, round, 24u - 8u * round, true, m, info.inv_temperature,
+                      false, scale, bin);
+        if (from_list) {
+            for (var i = lane; i < count; i += BINS) {
+                radix_add(r, value_of(atomicLoad(&state[at + S_LIST + i])));
+            }
+        } else {
+            // One workgroup reads the whole row: eight loads per lane in flight.
+            for (var y = 8u * lane; y < len; y += 8u * BINS) {
+                let v = load4(side, base, y, len);
+                let w = load4(side, base, y + 4u, len);
+                radix_add(r, v.x);
+                radix_add(r, v.y);
+                radix_add(r, v.z);
+                radix_add(r, v.w);
+                radix_add(r, w.x);
+                radix_add(r, w.y);
+                radix_add(r, w.z);
+                radix_add(r, w.w);
+            }
+        }
+        workgroupBarrier();
+        suf_lo[lane] = atomicLoad(&h_lo[lane]);
+        suf_hi[lane] = atomicLoad(&h_hi[lane]);
+        workgroupBarrier();
+        suffix_sums(lane);
+        choose(lane, w_need_hi, w_need_lo);
+        if (lane == 0u) {
+            take_need_above();
+            w_prefix = (w_prefix << 8u) | w_digit;
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u) {
+        let key = w_prefix;
+        atomicStore(&state[at + S_KBASE], key);
+        let next = next_stage(ST_PC, info);
+        set_stage(at, next, key, info.inv_temperature);
+        if (next == ST_DONE) {
+            cutoffs[w_slot] = cut_of(key);
+        }
+    }
+}
+
 // One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
 @compute @workgroup_size(256)
 fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -398,6 +686,11 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let at = state_at(wid.y, side);
     let info = row_req(wid.y);
+    let inv_t = info.inv_temperature;
+    if (stage == ST_PC) {
+        finish_top_p(lane, at, wid.y, side, info);
+        return;
+    }
     if (stage == ST_MAX || stage == ST_MINP) {
         if (lane == 0u) {
             var next = next_stage(stage, info);
@@ -411,7 +704,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 kbase = atomicLoad(&state[at + S_MIN]);
                 atomicStore(&state[at + S_KBASE], kbase);
             }
-            atomicStore(&state[at + S_STAGE], next);
+            set_stage(at, next, kbase, inv_t);
             if (next == ST_DONE) {
                 // A non-finite max cuts nothing (kbase is still KEY_MIN_FINITE then).
                 cutoffs[w_slot] = cut_of(kbase);
@@ -419,7 +712,8 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    let mass_mode = stage >= ST_P0;
+    // A histogram round of top-k (rounds 0..3) or top-p's value bins (one round 0).
+    let mass_mode = stage >= ST_PB;
     let round = (stage - ST_K0) & 3u;
     // Take the row's histogram and clear it for the next round.
     suf_lo[lane] = atomicLoad(&state[at + S_HIST_LO + lane]);
@@ -433,21 +727,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         w_prefix = select(atomicLoad(&state[at + S_PREFIX]), 0u, round == 0u);
     }
     workgroupBarrier();
-    // Suffix sums: suf[b] = weight of the bins >= b (8 doubling steps).
-    for (var off = 1u; off < BINS; off <<= 1u) {
-        var lo = suf_lo[lane];
-        var hi = suf_hi[lane];
-        if (lane + off < BINS) {
-            let o_lo = suf_lo[lane + off];
-            let n_lo = lo + o_lo;
-            hi = hi + suf_hi[lane + off] + select(0u, 1u, n_lo < lo);
-            lo = n_lo;
-        }
-        workgroupBarrier();
-        suf_lo[lane] = lo;
-        suf_hi[lane] = hi;
-        workgroupBarrier();
-    }
+    suffix_sums(lane);
     if (lane == 0u) {
         var stop = 0u;
         if (round == 0u) {
@@ -473,57 +753,41 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        // The serial walk from the top would stop at no bin only if the target exceeded the
-        // total (it cannot); it would then end on bin 0 having added every bin.
-        w_digit = 0u;
-        w_acc_hi = suf_hi[0];
-        w_acc_lo = suf_lo[0];
         w_stop = stop;
     }
     if (workgroupUniformLoad(&w_stop) != 0u) {
         // Top-k with no more than k candidates: nothing to cut, kbase stays.
         if (lane == 0u) {
             let next = next_stage(ST_K0 + 3u, info);
-            atomicStore(&state[at + S_STAGE], next);
+            set_stage(at, next, w_kbase, inv_t);
             if (next == ST_DONE) {
                 cutoffs[w_slot] = cut_of(w_kbase);
             }
         }
         return;
     }
-    // The chosen bin: the highest b whose suffix reaches the target (the walk from the top stops
-    // there); the weight above it is suf[b + 1].
-    let n_hi = w_need_hi;
-    let n_lo = w_need_lo;
-    var above_lo = 0u;
-    var above_hi = 0u;
-    if (lane + 1u < BINS) {
-        above_lo = suf_lo[lane + 1u];
-        above_hi = suf_hi[lane + 1u];
-    }
-    if (ge64(suf_hi[lane], suf_lo[lane], n_hi, n_lo) && !ge64(above_hi, above_lo, n_hi, n_lo)) {
-        w_digit = lane;
-        w_acc_hi = above_hi;
-        w_acc_lo = above_lo;
-    }
-    workgroupBarrier();
+    choose(lane, w_need_hi, w_need_lo);
     if (lane == 0u) {
-        // What is still needed inside the chosen bin.
-        let acc_lo = w_acc_lo;
-        let need_lo = n_lo - acc_lo;
-        let need_hi = n_hi - w_acc_hi - select(0u, 1u, n_lo < acc_lo);
+        take_need_above();
+        // After ST_PB the prefix is the chosen value bin, which ST_PC gathers.
         let prefix = (w_prefix << 8u) | w_digit;
-        atomicStore(&state[at + S_NEED_HI], need_hi);
-        atomicStore(&state[at + S_NEED_LO], need_lo);
+        atomicStore(&state[at + S_NEED_HI], w_need_hi);
+        atomicStore(&state[at + S_NEED_LO], w_need_lo);
         atomicStore(&state[at + S_PREFIX], prefix);
         var next = stage + 1u;
-        if (round == 3u) {
+        var kbase = w_kbase;
+        if (stage == ST_PB) {
+            atomicStore(&state[at + S_PCOUNT], 0u);
+            atomicStore(&state[at + S_CMIN], 0xffffffffu);
+            atomicStore(&state[at + S_CMAX], 0u);
+        } else if (round == 3u) {
             next = next_stage(stage, info);
+            kbase = prefix;
             atomicStore(&state[at + S_KBASE], prefix);
             if (next == ST_DONE) {
                 cutoffs[w_slot] = cut_of(prefix);
             }
         }
-        atomicStore(&state[at + S_STAGE], next);
+        set_stage(at, next, kbase, inv_t);
     }
 }

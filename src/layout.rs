@@ -57,7 +57,7 @@ pub const TASK_PENDING_BLOCK: u32 = 5;
 /// Marks "no index" in argmax state.
 pub const NO_INDEX: u32 = u32::MAX;
 
-/// Per-dispatch parameters (`struct Params`, 80 bytes), one 256-byte uniform slot per window.
+/// Per-dispatch parameters (`struct Params`, 96 bytes), one 256-byte uniform slot per window.
 ///
 /// ```text
 ///  0 vocab        4 draft_vocab   8 block_len     12 num_blocks
@@ -65,6 +65,7 @@ pub const NO_INDEX: u32 = u32::MAX;
 /// 32 d_elem_base 36 draft_kind   40 req_begin     44 req_count
 /// 48 num_requests 52 out_stride  56 total_rows    60 num_chunks
 /// 64 block_chunks 68 stats_blocks 72 flags        76 cut_slice
+/// 80 cut_list    84 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -110,6 +111,11 @@ pub struct Params {
     /// Row entries per cutoff `scan` workgroup, a multiple of its workgroup size (tuning only:
     /// the cut-offs never depend on it).
     pub cut_slice: u32,
+    /// Words of a cutoff scratch slot's list of top-p candidates (tuning only: the cut-offs
+    /// never depend on it).
+    pub cut_list: u32,
+    /// Pads the struct to a multiple of 16 bytes.
+    pub _pad: [u32; 3],
 }
 
 /// `Params::flags`: the window's rows start on 16-byte boundaries (for their element types);

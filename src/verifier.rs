@@ -49,7 +49,8 @@ pub struct VerifierOptions {
     pub workgroup_size: Option<u32>,
     /// Cap on the bytes one storage binding may cover, below the device's
     /// `max_storage_buffer_binding_size` (None = the device's). Larger batches are split into
-    /// row windows; results do not change. Mostly for tests of that chunking.
+    /// row windows, and the cutoff pass's rows into groups whose scratch fits; results do not
+    /// change. Mostly for tests of that chunking.
     pub max_binding_bytes: Option<u64>,
     /// How long a call waits for the GPU before returning [`Error::Timeout`]. Default 60 s.
     pub timeout: Duration,

@@ -263,6 +263,69 @@ fn a_top_p_cut_off_in_the_smallest_masses_equals_the_twin() {
     assert_eq!(bit_differences(&a, &b), 0, "{a:?} vs {b:?}");
 }
 
+/// Top-p's ways to the cut-off inside its value bin. Rows: the max at 0, `n` distinct entries
+/// packed within 0.004 around −2 (one value bin), spread over the row, and the rest at −30 (no
+/// mass); top_p = 0.5 puts the cut-off in the middle of the pack. The bin's entries are gathered
+/// into the row's scratch list (n = 3,000 by default); with a whole row per scan workgroup
+/// (`target_workgroups: 1`) one workgroup finds more than the 1,024 it collects before adding
+/// them to the list, and adds the rest one by one; with a 96 KiB binding the list holds fewer
+/// than n = 6,000, and the bin is selected from the row itself. A fourth case packs 5,000 equal
+/// entries at −2 (no rounds needed). Each cut-off must equal the twin's bit for bit and lie
+/// inside the pack.
+#[test]
+fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
+    if gpu().is_none() {
+        return;
+    }
+    let vocab = 20_000usize;
+    let whole_rows = Verifier::new(VerifierOptions {
+        target_workgroups: 1,
+        ..VerifierOptions::default()
+    })
+    .unwrap();
+    let short_lists = Verifier::new(VerifierOptions {
+        max_binding_bytes: Some(96 << 10),
+        ..VerifierOptions::default()
+    })
+    .unwrap();
+    let row = |n: usize, spread: f32, shift: f32| {
+        let mut row = vec![-30.0f32; vocab];
+        row[0] = 0.0;
+        let step = (vocab - 1) / n;
+        for i in 0..n {
+            row[1 + i * step] = -2.0 + shift + (i as f32 - n as f32 / 2.0) * spread;
+        }
+        row
+    };
+    let cases = [
+        (3000usize, 1.0e-6f32, gpu().unwrap()),
+        (3000, 1.0e-6, &whole_rows),
+        (6000, 6.0e-7, &short_lists),
+        (5000, 0.0, gpu().unwrap()),
+    ];
+    for (n, spread, v) in cases {
+        let (mut o, _) = batch(53, vocab, 1);
+        o.target = [row(n, spread, 0.0), row(n, spread, 0.25)].concat();
+        o.draft = row(n, spread, -0.25);
+        o.requests[0].params = SamplingParams::seeded(1.0, 5).with_top_p(0.5);
+        let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+        for (&c, shift) in a.iter().zip([0.0f32, 0.25, -0.25]) {
+            let pack = (-2.0 + shift - 0.002, -2.0 + shift + 0.002);
+            assert!(
+                c >= pack.0 && c <= pack.1,
+                "n = {n}: the twin's cut-off {c} is not inside the pack {pack:?}"
+            );
+        }
+        let b = v.cutoffs_blocking(&o.batch()).unwrap();
+        assert_eq!(
+            bit_differences(&a, &b),
+            0,
+            "n = {n}, {}: {a:?} vs {b:?}",
+            v.describe()
+        );
+    }
+}
+
 #[test]
 fn a_262144_vocabulary() {
     let vocab = 262_144;

@@ -89,7 +89,8 @@ fn params_structs_match_wgsl_layout() {
             block_chunks,
             stats_blocks,
             flags,
-            cut_slice
+            cut_slice,
+            cut_list
         ]
     );
     check_layout!(

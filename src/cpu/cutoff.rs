@@ -1,6 +1,9 @@
 //! CPU twin of `shaders/cutoff.wgsl`: the logit cut-off of a row under top-k / top-p / min-p,
-//! by the same radix select over order-preserving keys with the same integer sums, so it gives
-//! the GPU's cut-off (the masses differ only where the two `exp`s differ by an ulp).
+//! by radix select over order-preserving keys with the kernel's integer sums, so it gives the
+//! GPU's cut-off (the masses differ only where the two `exp`s differ by an ulp). For top-p the
+//! kernel first narrows the search to one bin of values and selects within it; the key it finds
+//! is by definition the one found here (the largest whose upper set weighs the target), so the
+//! twin keeps the plain four rounds over the row.
 
 use crate::layout::ReqInfo;
 

@@ -12,12 +12,20 @@ use crate::batch::Plan;
 use crate::layout::*;
 use crate::shaders::Kernel;
 
-/// Words of one row's slot in the cutoff kernel's scratch (STATE_WORDS in cutoff.wgsl): its
-/// stage and radix-select state, then a 256-bin histogram of 64-bit (hi, lo) sums.
-const CUT_STATE_WORDS: u64 = 528;
-/// Target rows per cutoff dispatch group: the scratch holds one group's slots (both sides:
-/// 17 MiB), bounded whatever the batch; larger windows are cut in groups run one after another.
-const CUT_GROUP_ROWS: usize = 4096;
+/// Head words of one row's slot in the cutoff kernel's scratch (S_LIST in cutoff.wgsl): its
+/// stage and select state and a 256-bin histogram of 64-bit (hi, lo) sums. The list of the
+/// top-p bin that holds the cut-off follows (`CutShape::list` words).
+const CUT_HEAD_WORDS: u64 = 528;
+/// Fewest entries of a slot's top-p list: at the top-p cut-off of N(0, 2) logits over 151,936
+/// entries at T = 1 the chosen bin holds about 2,000; a fuller bin is selected from the row
+/// itself, by one workgroup (slower, same cut-off).
+const CUT_MIN_LIST: u64 = 4096;
+/// Bytes the scratch may take: one group's slots. Within it, small batches get lists as long
+/// as their rows (no bin is ever too full), large ones at least `CUT_MIN_LIST` entries.
+const CUT_SCRATCH_BYTES: u64 = 64 << 20;
+/// Most target rows per cutoff dispatch group; larger windows are cut in groups run one after
+/// another. Fewer where the slots with the shortest lists would not fit the scratch.
+const CUT_GROUP_ROWS: usize = 2048;
 /// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
 /// histogram clear and flush cost more than its share of the row.
 const CUT_MIN_PER_LANE: u32 = 8;
@@ -30,7 +38,7 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 
 /// The cutoff pass's grid: its scratch slots (target rows, then draft rows), the entries per scan
 /// workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and the
-/// (scan, pick) rounds: max, then min-p, four top-k and four top-p rounds when some request of
+/// (scan, pick) rounds: max, then min-p, four top-k and two top-p rounds when some request of
 /// the batch asks for them (rows that need fewer wait at DONE, for free).
 pub(super) struct CutShape {
     /// Entries per scan workgroup (also in every Params: the kernels read it).
@@ -44,6 +52,11 @@ pub(super) struct CutShape {
     /// The row groups: (window, first row, end row), each with its own Params slot after the
     /// windows' slots. Empty when no request filters.
     pub groups: Vec<(usize, usize, usize)>,
+    /// Target rows per group (`CUT_GROUP_ROWS`, or fewer where the scratch would not fit).
+    pub group_rows: usize,
+    /// Words of each slot's list of top-p candidates (also in every Params: the kernels read
+    /// it).
+    pub list: u32,
     /// Params slots to reserve for the groups: a bound on `groups.len()` (0 when no request
     /// filters).
     pub group_slots: usize,
@@ -64,16 +77,19 @@ impl CutShape {
             let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
             1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
                 + 4 * u32::from(filtered().any(|r| r.top_k != 0))
-                + 4 * u32::from(filtered().any(|r| r.top_p < 1.0))
+                + 2 * u32::from(filtered().any(|r| r.top_p < 1.0))
         };
+        let sides: u32 = if cut_logits { 2 } else { 1 };
+        let group_rows = group_rows(g, sides);
+        let list = list_words(g, plan.total_rows.min(group_rows), sides, cut_len);
         let groups = if filters {
             windows
                 .iter()
                 .enumerate()
                 .flat_map(|(i, w)| {
                     (w.row_begin..w.row_end)
-                        .step_by(CUT_GROUP_ROWS)
-                        .map(move |a| (i, a, (a + CUT_GROUP_ROWS).min(w.row_end)))
+                        .step_by(group_rows)
+                        .map(move |a| (i, a, (a + group_rows).min(w.row_end)))
                 })
                 .collect()
         } else {
@@ -82,11 +98,13 @@ impl CutShape {
         CutShape {
             slice,
             slices: cut_len.div_ceil(slice),
-            sides: if cut_logits { 2 } else { 1 },
+            sides,
             steps,
             groups,
+            group_rows,
+            list,
             group_slots: if filters {
-                plan.total_rows.div_ceil(CUT_GROUP_ROWS) + windows.len()
+                plan.total_rows.div_ceil(group_rows) + windows.len()
             } else {
                 0
             },
@@ -103,7 +121,10 @@ impl CutShape {
 
     /// Bytes of the scratch: one group's slots on every side.
     pub fn state_bytes(&self, total_rows: usize) -> u64 {
-        total_rows.min(CUT_GROUP_ROWS) as u64 * u64::from(self.sides) * CUT_STATE_WORDS * 4
+        total_rows.min(self.group_rows) as u64
+            * u64::from(self.sides)
+            * (CUT_HEAD_WORDS + u64::from(self.list))
+            * 4
     }
 
     /// The Params of every row group. A cutoff group reads its window's bindings from its own
@@ -127,6 +148,29 @@ impl CutShape {
             })
             .collect()
     }
+}
+
+/// The scratch's byte budget on `g`: `CUT_SCRATCH_BYTES`, or less where the largest binding is
+/// smaller (`VerifierOptions::max_binding_bytes` caps it too).
+fn scratch_budget(g: &GpuBackend) -> u64 {
+    g.max_binding.min(CUT_SCRATCH_BYTES)
+}
+
+/// Target rows per cutoff group on `g`: `CUT_GROUP_ROWS`, or as many as the budget holds with
+/// the shortest lists (`sides` slots per row), at least one.
+fn group_rows(g: &GpuBackend, sides: u32) -> usize {
+    let per_row = u64::from(sides) * (CUT_HEAD_WORDS + CUT_MIN_LIST) * 4;
+    (scratch_budget(g) / per_row).clamp(1, CUT_GROUP_ROWS as u64) as usize
+}
+
+/// Words of each slot's top-p list for groups of `rows` target rows: what the budget leaves
+/// per slot, but no more than a row's `len` entries (and at least 4).
+fn list_words(g: &GpuBackend, rows: usize, sides: u32, len: u32) -> u32 {
+    let slots = (rows.max(1) as u64) * u64::from(sides);
+    let per_slot = scratch_budget(g) / 4 / slots;
+    per_slot
+        .saturating_sub(CUT_HEAD_WORDS)
+        .clamp(4, u64::from(len).max(4)) as u32
 }
 
 impl GpuBackend {

@@ -172,6 +172,7 @@ impl Shape {
             block_chunks: self.block_chunks,
             stats_blocks: self.stats_blocks,
             cut_slice: self.cut.slice,
+            cut_list: self.cut.list,
             flags: if self.tree { PARAM_TREE } else { 0 },
             ..Params::default()
         }

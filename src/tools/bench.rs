@@ -25,6 +25,10 @@ pub enum BenchRows {
     /// (by index) raised by 14. Most entries then lie more than 22 / T below the row's maximum
     /// (zero mass in the cutoff's fixed point; races they cannot win).
     Peaked,
+    /// 2·N(0, 1) rounded to multiples of 1/4, like logits of a coarse number format: thousands of
+    /// entries share each value, the value at a top-p cut-off too (the cutoff pass's bins of
+    /// equal entries).
+    Coarse,
 }
 
 impl BenchRows {
@@ -42,6 +46,12 @@ impl BenchRows {
                     }
                 }
             }
+            BenchRows::Coarse => {
+                fill_normal(out, seed, 2.0);
+                for x in out.iter_mut() {
+                    *x = (*x * 4.0).round() / 4.0;
+                }
+            }
         }
     }
 
@@ -50,6 +60,7 @@ impl BenchRows {
         match self {
             BenchRows::Normal => "2·N(0,1)",
             BenchRows::Peaked => "peaked: 3.8·N(0,1), 1 in 16,384 raised by 14",
+            BenchRows::Coarse => "coarse: 2·N(0,1) rounded to multiples of 1/4",
         }
     }
 }
@@ -1836,8 +1847,9 @@ Options:
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
-  --rows R            logit rows: normal (2·N(0,1), default) or peaked (shaped like a small
-                      LLM's: 3.8·N(0,1), 1 entry in 16,384 raised by 14)
+  --rows R            logit rows: normal (2·N(0,1), default), peaked (shaped like a small
+                      LLM's: 3.8·N(0,1), 1 entry in 16,384 raised by 14) or coarse (normal
+                      rounded to multiples of 1/4: thousands of ties at a top-p cut-off)
   --warm-s S          before timing, read for at least 10 s (S if less) and until the read
                       ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
   --rewarm-ms N       read-kernel work before each point is timed, after its twin check
@@ -1924,7 +1936,8 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
                 cfg.rows = match value()?.as_str() {
                     "normal" => BenchRows::Normal,
                     "peaked" => BenchRows::Peaked,
-                    other => return Err(format!("--rows {other}: normal or peaked")),
+                    "coarse" => BenchRows::Coarse,
+                    other => return Err(format!("--rows {other}: normal, peaked or coarse")),
                 }
             }
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
@@ -2090,5 +2103,11 @@ mod tests {
         let mut two = vec![0f32; n];
         fill_normal(&mut two, 3, 2.0);
         assert_eq!(normal, two, "normal rows are 2·N(0, 1)");
+        let mut coarse = vec![0f32; n];
+        BenchRows::Coarse.fill(&mut coarse, 3);
+        assert!(coarse
+            .iter()
+            .zip(&two)
+            .all(|(&c, &t)| c * 4.0 == (c * 4.0).round() && (c - t).abs() <= 0.125));
     }
 }
