@@ -355,6 +355,12 @@ fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     max_chunks(row_job(wid.x, wid.y), lane);
 }
 
+// Whether a job of word_chunks or max_chunks takes the 16-byte loads: PARAM_VEC4 and no half
+// rows (those read through the plain half path, or one element at a time).
+fn f32_vec4_path(job: RowJob) -> bool {
+    return job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+}
+
 // max_chunks' lane states, WG of them.
 var<workgroup> mx_m: array<f32, MAX_WG>;
 var<workgroup> mx_a: array<u32, MAX_WG>;
@@ -365,7 +371,7 @@ var<workgroup> mx_f: array<u32, MAX_WG>;
 // flags) is the chunk's whatever the order, so it equals word_chunks' to the bit.
 fn max_chunks(job_in: RowJob, lane: u32) {
     var job = job_in;
-    job.vec4_path = job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+    job.vec4_path = f32_vec4_path(job);
     let steps = CHUNK / 4u / WG;
     let gap = 4u * WG;
     for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
@@ -411,7 +417,7 @@ fn max_chunks(job_in: RowJob, lane: u32) {
 // invocation is one lane of the contract. The vec4 loads read f32 only.
 fn word_chunks(job_in: RowJob, lane: u32) {
     var job = job_in;
-    job.vec4_path = job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+    job.vec4_path = f32_vec4_path(job);
     let inv_t = job.inv_t;
     let with_sum = job.with_sum;
     let ent = job.ent;
