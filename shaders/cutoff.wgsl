@@ -199,7 +199,10 @@ fn ld(side: u32, i: u32) -> f32 {
 // read at about 1.6 TB/s on an H200 (latency-bound), well under the read ceiling.
 fn load4(side: u32, base: u32, y: u32, end: u32) -> vec4<f32> {
     if (y + 3u < end) {
-        return vec4<f32>(ld(side, base + y), ld(side, base + y + 1u), ld(side, base + y + 2u), ld(side, base + y + 3u));
+        if (side == 0u) {
+            return t_elem4(base + y);
+        }
+        return d_elem4(base + y);
     }
     var v = vec4<f32>(bitcast<f32>(0x7fc00000u));
     if (y < end) {

@@ -106,7 +106,7 @@ fn excluded(c: RaceCtx, y: u32) -> bool {
 fn load_logits4(base: u32, y: u32, end: u32) -> vec4<f32> {
     let ninf = bitcast<f32>(NEG_INF_BITS);
     if (y + 3u < end) {
-        return vec4<f32>(t_elem(base + y), t_elem(base + y + 1u), t_elem(base + y + 2u), t_elem(base + y + 3u));
+        return t_elem4(base + y);
     }
     var r = vec4<f32>(ninf);
     if (y < end) {
@@ -126,7 +126,7 @@ fn load_logits4(base: u32, y: u32, end: u32) -> vec4<f32> {
 fn load_draft4(base: u32, y: u32) -> vec4<f32> {
     let v = params.draft_vocab;
     if (y + 3u < v) {
-        return vec4<f32>(d_elem(base + y), d_elem(base + y + 1u), d_elem(base + y + 2u), d_elem(base + y + 3u));
+        return d_elem4(base + y);
     }
     var r = vec4<f32>(0.0);
     if (y < v) {

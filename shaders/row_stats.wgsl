@@ -101,7 +101,7 @@ fn load_target(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
         if (vec4_path) {
             return bitcast<vec4<f32>>(target_vec4[(base + y) / 4u]);
         }
-        return vec4<f32>(t_elem(base + y), t_elem(base + y + 1u), t_elem(base + y + 2u), t_elem(base + y + 3u));
+        return t_elem4(base + y);
     }
     var r = vec4<f32>(ninf);
     if (y < v) {
@@ -124,7 +124,7 @@ fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
         if (vec4_path) {
             return bitcast<vec4<f32>>(draft_vec4[(base + y) / 4u]);
         }
-        return vec4<f32>(d_elem(base + y), d_elem(base + y + 1u), d_elem(base + y + 2u), d_elem(base + y + 3u));
+        return d_elem4(base + y);
     }
     var r = vec4<f32>(ninf);
     if (y < v) {

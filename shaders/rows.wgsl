@@ -49,3 +49,35 @@ fn d_elem(i: u32) -> f32 {
     let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
     return widen(draft_values[select(i, i >> 1u, half != 0u)], i, half);
 }
+
+// Entries i .. i+3 of the target / draft binding, whatever their element type. Half rows at an
+// even i take two 32-bit loads (two entries each) instead of four, with the type tested once:
+// the small batches that read half rows this way are bound by their loads' latency.
+fn t_elem4(i: u32) -> vec4<f32> {
+    if (PLAIN_F16 || PLAIN_BF16) {
+        if ((i & 1u) == 0u) {
+            let w0 = target_logits[i >> 1u];
+            let w1 = target_logits[(i >> 1u) + 1u];
+            return vec4<f32>(plain_half(w0, 0u), plain_half(w0, 1u), plain_half(w1, 0u), plain_half(w1, 1u));
+        }
+    } else if (!PLAIN_F32) {
+        let half = params.flags & (PARAM_T_F16 | PARAM_T_BF16);
+        if (half != 0u && (i & 1u) == 0u) {
+            let w0 = target_logits[i >> 1u];
+            let w1 = target_logits[(i >> 1u) + 1u];
+            return vec4<f32>(widen(w0, 0u, half), widen(w0, 1u, half), widen(w1, 0u, half), widen(w1, 1u, half));
+        }
+    }
+    return vec4<f32>(t_elem(i), t_elem(i + 1u), t_elem(i + 2u), t_elem(i + 3u));
+}
+fn d_elem4(i: u32) -> vec4<f32> {
+    if (!PLAIN_F32) {
+        let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
+        if (half != 0u && (i & 1u) == 0u) {
+            let w0 = draft_values[i >> 1u];
+            let w1 = draft_values[(i >> 1u) + 1u];
+            return vec4<f32>(widen(w0, 0u, half), widen(w0, 1u, half), widen(w1, 0u, half), widen(w1, 1u, half));
+        }
+    }
+    return vec4<f32>(d_elem(i), d_elem(i + 1u), d_elem(i + 2u), d_elem(i + 3u));
+}
