@@ -140,6 +140,15 @@ fn reference_sweep(v: &Verifier, sizes: &[usize], per_size: usize, seed: u64) {
     }
 }
 
+/// A GPU verifier aiming at one workgroup in all: every cutoff scan workgroup takes a whole row.
+fn whole_row_scans() -> Verifier {
+    Verifier::new(VerifierOptions {
+        target_workgroups: 1,
+        ..VerifierOptions::default()
+    })
+    .unwrap()
+}
+
 const SIZES: [usize; 9] = [1, 2, 3, 7, 64, 257, 4095, 4096, 4097];
 
 #[test]
@@ -203,11 +212,7 @@ fn gpu_cutoffs_with_the_largest_slices_equal_the_twin() {
         return;
     }
     let vocab = 200_000usize;
-    let big = Verifier::new(VerifierOptions {
-        target_workgroups: 1,
-        ..VerifierOptions::default()
-    })
-    .unwrap();
+    let big = whole_row_scans();
     let (mut o, _) = batch(31, vocab, 3);
     // Request 0's target rows flat, request 1's first row flat but for one entry.
     for x in &mut o.target[..2 * vocab] {
@@ -278,11 +283,7 @@ fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
         return;
     }
     let vocab = 20_000usize;
-    let whole_rows = Verifier::new(VerifierOptions {
-        target_workgroups: 1,
-        ..VerifierOptions::default()
-    })
-    .unwrap();
+    let whole_rows = whole_row_scans();
     let short_lists = Verifier::new(VerifierOptions {
         max_binding_bytes: Some(96 << 10),
         ..VerifierOptions::default()
