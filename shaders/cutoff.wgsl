@@ -670,6 +670,26 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     }
 }
 
+// Lane 0 of `pick` after the max or the min-p scan: the row's next stage, and min-p's bound as
+// the new kbase (a non-finite max cuts nothing: kbase is still KEY_MIN_FINITE then).
+fn pick_bound(at: u32, stage: u32, info: ReqInfo) {
+    var next = next_stage(stage, info);
+    var kbase = atomicLoad(&state[at + S_KBASE]);
+    if (stage == ST_MAX) {
+        let max_key = atomicLoad(&state[at + S_MAX]);
+        if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
+            next = ST_DONE;
+        }
+    } else {
+        kbase = atomicLoad(&state[at + S_MIN]);
+        atomicStore(&state[at + S_KBASE], kbase);
+    }
+    set_stage(at, next, kbase, info.inv_temperature);
+    if (next == ST_DONE) {
+        cutoffs[w_slot] = cut_of(kbase);
+    }
+}
+
 // One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
 @compute @workgroup_size(256)
 fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -696,22 +716,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (stage == ST_MAX || stage == ST_MINP) {
         if (lane == 0u) {
-            var next = next_stage(stage, info);
-            var kbase = atomicLoad(&state[at + S_KBASE]);
-            if (stage == ST_MAX) {
-                let max_key = atomicLoad(&state[at + S_MAX]);
-                if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
-                    next = ST_DONE;
-                }
-            } else {
-                kbase = atomicLoad(&state[at + S_MIN]);
-                atomicStore(&state[at + S_KBASE], kbase);
-            }
-            set_stage(at, next, kbase, inv_t);
-            if (next == ST_DONE) {
-                // A non-finite max cuts nothing (kbase is still KEY_MIN_FINITE then).
-                cutoffs[w_slot] = cut_of(kbase);
-            }
+            pick_bound(at, stage, info);
         }
         return;
     }
