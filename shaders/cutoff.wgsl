@@ -596,9 +596,10 @@ fn take_need_above() {
 
 // Top-p's last step, ST_PC: four radix rounds over the chosen bin's entries, from the slot's
 // list, or from the row (restricted to the bin) when the bin was too full for the list. The
-// largest key whose upper set within the bin weighs what is still needed is the cut-off. A bin
-// whose entries are all equal (ties, coarse number formats) needs no rounds: the chosen bin
-// weighs at least what is still needed, which is at least 1, so its one value is the cut-off.
+// largest key whose upper set within the bin weighs what is still needed is the cut-off. The
+// rounds of the leading bytes all the bin's keys share are skipped: they would choose those
+// bytes, since the chosen bin weighs at least what is still needed (at least 1). A bin whose
+// entries are all equal (ties, coarse number formats) needs no round at all.
 // Uniform control flow (barriers).
 fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     if (lane == 0u) {
@@ -609,11 +610,20 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
         w_digit = atomicLoad(&state[at + S_PREFIX]);
         w_max = atomicLoad(&state[at + S_MAX]);
         w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
+        // The bytes every entry of the bin shares (those of its least and greatest keys) are
+        // the digits their rounds would choose: start after them.
         let kmin = atomicLoad(&state[at + S_CMIN]);
-        w_prefix = select(0u, kmin, kmin == atomicLoad(&state[at + S_CMAX]));
-        w_stop = select(4u, 0u, kmin == atomicLoad(&state[at + S_CMAX]));
+        let first = countLeadingZeros(kmin ^ atomicLoad(&state[at + S_CMAX])) / 8u;
+        var prefix = 0u;
+        if (first == 4u) {
+            prefix = kmin;
+        } else if (first > 0u) {
+            prefix = kmin >> (32u - 8u * first);
+        }
+        w_prefix = prefix;
+        w_stop = first;
     }
-    let rounds = workgroupUniformLoad(&w_stop);
+    let first_round = workgroupUniformLoad(&w_stop);
     let count = workgroupUniformLoad(&w_stage);
     let from_list = count <= params.cut_list;
     let kbase = w_kbase;
@@ -622,7 +632,7 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     let scale = w_scale;
     let base = row_base(local_row, side);
     let len = row_len(side);
-    for (var round = 0u; round < rounds; round++) {
+    for (var round = first_round; round < 4u; round++) {
         atomicStore(&h_lo[lane], 0u);
         atomicStore(&h_hi[lane], 0u);
         workgroupBarrier();
