@@ -23,11 +23,11 @@
 //          equal bins of z = (max - l) / T below the max (bins are intervals of values, the top
 //          bin holds the max), which picks the bin holding the cut-off; the second gathers that
 //          bin's entries (a few thousand on real rows) into the row's slot, and `pick` runs the
-//          four radix rounds over them alone (none when they are all equal). A bin too full for
-//          the slot's list (params.cut_list: the whole row at small batches, at least 4,096
-//          entries) is selected by `pick`'s workgroup reading the row itself, restricted to the
-//          bin: slower, same cut-off. The key found is the
-//          largest whose upper set weighs the target, exactly as four radix rounds over the
+//          radix rounds over them alone, from the first key byte they do not all share (none
+//          when they are all equal). A bin too full for the slot's list (params.cut_list: the
+//          whole row at small batches, at least 4,096 entries) is selected by `pick`'s workgroup
+//          reading the row itself, restricted to the bin: slower, same cut-off. The key found is
+//          the largest whose upper set weighs the target, exactly as four radix rounds over the
 //          row find it (the twin's way): every entry of a higher bin has a larger value.
 //
 // A row is split over many workgroups: one workgroup per row made every pass a long serial
