@@ -81,6 +81,8 @@ fn bench_refuses_every_out_of_range_value_before_any_work() {
         (&["--top-p", "1.5"], "--top-p"),
         (&["--top-p", "NaN"], "--top-p"),
         (&["--top-p", "x"], "--top-p"),
+        (&["--top-k", "-1"], "--top-k"),
+        (&["--top-k", "0.5"], "--top-k"),
         (&["--target-wgs", "0"], "--target-wgs 0"),
         (&["--modes", "greedy,"], "unknown mode"),
         (&["--rows", "flat"], "--rows flat"),

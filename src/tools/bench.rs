@@ -147,6 +147,8 @@ pub struct BenchConfig {
     pub shader_checks: Option<wgpu::ShaderRuntimeChecks>,
     /// `top_p` of every non-greedy request (1.0: off); below 1 the cutoff pass runs.
     pub top_p: f32,
+    /// `top_k` of every non-greedy request (0: off); above 0 the cutoff pass runs.
+    pub top_k: u32,
     /// Element type of the target logits (values rounded to it first, so the twin sees the same
     /// numbers); draft rows stay f32.
     pub target_dtype: crate::Dtype,
@@ -186,6 +188,7 @@ impl BenchConfig {
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
+            top_k: 0,
             target_dtype: crate::Dtype::F32,
             block: false,
             rows: BenchRows::Normal,
@@ -212,6 +215,7 @@ impl BenchConfig {
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
+            top_k: 0,
             target_dtype: crate::Dtype::F32,
             block: false,
             rows: BenchRows::Normal,
@@ -427,7 +431,9 @@ fn requests_for(mode: BenchMode, r: usize, k: u32, cfg: &BenchConfig) -> Vec<Req
             num_drafts: k,
             params: SamplingParams {
                 rule,
-                ..SamplingParams::seeded(t, 1000 + i as u64).with_top_p(cfg.top_p)
+                ..SamplingParams::seeded(t, 1000 + i as u64)
+                    .with_top_p(cfg.top_p)
+                    .with_top_k(cfg.top_k)
             },
             position: 64 * i as u64,
         })
@@ -1845,6 +1851,7 @@ Options:
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
+  --top-k K           top_k of sampled requests (runs the cutoff pass; default 0 = off)
   --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
   --rows R            logit rows: normal (2·N(0,1), default), peaked (shaped like a small
@@ -1941,6 +1948,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
                 }
             }
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
+            "--top-k" => cfg.top_k = parse_one("--top-k", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
             "--warm-s" => cfg.warm_s = parse_one("--warm-s", &value()?)?,
             "--rewarm-ms" => cfg.rewarm_ms = parse_one("--rewarm-ms", &value()?)?,
