@@ -17,18 +17,25 @@
 // summed as 64-bit integers emulated with u32 pairs). Integer sums do not depend on the order of
 // the additions, so the cut-off does not depend on the batch, on how a row is split between
 // workgroups or on the device (beyond the few-ulp freedom of exp), and the twin reproduces it.
-//   top-k  a radix select, 8 bits of the key per round over four rounds, each round one pass
-//          over the row.
-//   top-p  two passes over the row instead of four: the first builds the mass histogram of 256
-//          equal bins of z = (max - l) / T below the max (bins are intervals of values, the top
-//          bin holds the max), which picks the bin holding the cut-off; the second gathers that
-//          bin's entries (a few thousand on real rows) into the row's slot, and `pick` runs the
-//          radix rounds over them alone, from the first key byte they do not all share (none
-//          when they are all equal). A bin too full for the slot's list (params.cut_list: the
-//          whole row at small batches, at least 4,096 entries) is selected by `pick`'s workgroup
-//          reading the row itself, restricted to the bin: slower, same cut-off. The key found is
-//          the largest whose upper set weighs the target, exactly as four radix rounds over the
-//          row find it (the twin's way): every entry of a higher bin has a larger value.
+// Top-k and top-p each read the row twice after its max, through 256 value bins below the max
+// (bins are intervals of values, the top bin holds the max):
+//   1. a histogram of the bins (counts for top-k, masses for top-p) picks the bin holding the
+//      cut-off;
+//   2. a second scan gathers that bin's entries (tens to a few thousand on real rows) into the
+//      row's slot, and `pick` runs 8-bit radix rounds over them alone, from the first key byte
+//      they do not all share (none when they are all equal).
+// The key found is the largest whose upper set weighs the target, exactly as four radix rounds
+// over the whole row find it (the twin's way): every entry of a higher bin has a larger value.
+// A bin too full for the slot's list (params.cut_list: the whole row at small batches, at least
+// 4,096 entries) is selected by `pick`'s workgroup reading the row itself, restricted to the
+// bin: slower, same cut-off.
+//   top-k  bins of d = max - l on a log scale, 8 per octave from 2^-16 to 2^15.75 (the top bin
+//          d < 2^-16, the lowest everything past the range): the k-th largest value of a row can
+//          lie anywhere below its max and rows can hold far outliers (masks of -1e9 or -f32::MAX),
+//          so the bins are fixed in d, neither in the row's span nor in T. At the top-40
+//          cut-off of N(0, 2) logits over 151,936 entries a bin holds about 15.
+//   top-p  256 equal bins of z = (max - l) / T over the candidates' span, at most 22 deep
+//          (past 21.49 every fixed-point mass is 0).
 //
 // A row is split over many workgroups: one workgroup per row made every pass a long serial
 // loop (milliseconds on a big GPU while the rest of the verification takes tens of µs). Each
@@ -63,18 +70,21 @@ const KEY_POS_INF: u32 = 0xff800000u;
 // Mass of one entry in fixed point: exp((l - max) / T) · 2^31, so the max entry weighs 2^31.
 const MASS_SCALE: f32 = 2147483648.0;
 
-// Entries of the top-p bin one scan workgroup collects before adding them to the slot's list
+// Entries of the chosen bin one scan workgroup collects before adding them to the slot's list
 // with one global atomic; past it, each entry takes a global atomic of its own.
 const LOCAL_CAP: u32 = 1024u;
 // Top-p bins span z = (max - l) / T in [0, 22] at most: beyond 21.49, exp(-z) 2^31 truncates to a
 // mass of 0, so the bins past it weigh nothing and never hold a cut-off.
 const BIN_RANGE: f32 = 22.0;
+// Top-k bins: the f32 bits of d = max - l from those of 2^-16, 2^20 apart (8 bins per octave).
+const KBIN_LO_BITS: u32 = 0x37800000u;
+const KBIN_SHIFT: u32 = 20u;
 
 // Slot layout (words): S_LIST head words (keep equal to CUT_HEAD_WORDS in cutoff.rs), then the
-// list of the chosen top-p bin's keys, params.cut_list words: the host sizes it from the batch
-// (the whole row for small batches, at least 4,096 entries; at the top-p cut-off of N(0, 2)
-// logits over 151,936 entries at T = 1 a bin holds about 2,000). A bin with more entries than
-// the list holds is selected from the row itself. The histogram's 64-bit bins are (hi, lo)
+// list of the chosen bin's keys, params.cut_list words: the host sizes it from the batch (the
+// whole row for small batches, at least 4,096 entries; at the top-p cut-off of N(0, 2) logits
+// over 151,936 entries at T = 1 a bin holds about 2,000). A bin with more entries than the list
+// holds is selected from the row itself. The histogram's 64-bit bins are (hi, lo)
 // pairs; a count fits lo alone.
 const S_MAX: u32 = 0u;     // max key of the row (atomicMax over the scans)
 const S_MIN: u32 = 1u;     // smallest key passing min-p (atomicMin over the scans)
@@ -83,28 +93,29 @@ const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
 const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
 const S_NEED_HI: u32 = 5u; // weight still needed inside the chosen prefix
 const S_NEED_LO: u32 = 6u;
-const S_PCOUNT: u32 = 7u;  // entries of the chosen top-p bin (past params.cut_list: too full)
+const S_PCOUNT: u32 = 7u;  // entries of the chosen bin (past params.cut_list: too full)
 const S_RMIN: u32 = 8u;    // min key of the row's finite values (atomicMin over the max scans)
 const S_SCALE: u32 = 9u;   // f32 bits: top-p bins per unit of z
-const S_CMIN: u32 = 10u;   // least and greatest key of the chosen top-p bin's entries
+const S_CMIN: u32 = 10u;   // least and greatest key of the chosen bin's entries
 const S_CMAX: u32 = 11u;
 const S_HIST_LO: u32 = 16u;
 const S_HIST_HI: u32 = 272u; // S_HIST_LO + BINS
-const S_LIST: u32 = 528u;  // the chosen top-p bin's keys (params.cut_list words)
+const S_LIST: u32 = 528u;  // the chosen bin's keys (params.cut_list words)
 
 // Stages, in order; a row skips those its request does not ask for.
 const ST_MAX: u32 = 0u;
 const ST_MINP: u32 = 1u;
-const ST_K0: u32 = 2u; // top-k rounds 0..3 (count histograms)
-const ST_PB: u32 = 6u; // top-p: the mass histogram of the value bins
-const ST_PC: u32 = 7u; // top-p: the chosen bin's entries gathered, then selected by `pick`
-const ST_DONE: u32 = 8u;
+const ST_KB: u32 = 2u; // top-k: the count histogram of its value bins
+const ST_KC: u32 = 3u; // top-k: the chosen bin's entries gathered, then selected by `pick`
+const ST_PB: u32 = 4u; // top-p: the mass histogram of its value bins
+const ST_PC: u32 = 5u; // top-p: the chosen bin's entries gathered, then selected by `pick`
+const ST_DONE: u32 = 6u;
 
 var<workgroup> h_lo: array<atomic<u32>, BINS>;
 var<workgroup> h_hi: array<atomic<u32>, BINS>;
 var<workgroup> red_key: atomic<u32>;
 var<workgroup> red_min: atomic<u32>;
-// The top-p bin's entries found by a scan workgroup (LOCAL_CAP kept), and where they go.
+// The chosen bin's entries found by a scan workgroup (LOCAL_CAP kept), and where they go.
 var<workgroup> l_cnt: atomic<u32>;
 var<workgroup> l_kmin: atomic<u32>;
 var<workgroup> l_kmax: atomic<u32>;
@@ -251,6 +262,17 @@ fn bin_digit(x: f32, m: f32, inv_t: f32, scale: f32) -> u32 {
     return 255u - u32(min(min((m - x) * inv_t, BIN_RANGE) * scale, 255.0));
 }
 
+// The top-k bin of x (not NaN, x <= m) as a digit, 255 for the top bin: the f32 bits of the
+// distance d = m - x (d >= 0; the sign bit cleared for m = -0, x = +0), 2^KBIN_SHIFT apart from
+// those of 2^-16, capped. Monotone in x like bin_digit.
+fn log_bin(x: f32, m: f32) -> u32 {
+    let u = bitcast<u32>(m - x) & 0x7fffffffu;
+    if (u < KBIN_LO_BITS) {
+        return 255u;
+    }
+    return 254u - min((u - KBIN_LO_BITS) >> KBIN_SHIFT, 254u);
+}
+
 // Top-p bins per unit of z for a row of max m whose candidates are at least `lower`: 256 bins
 // over z in [0, min(22, (m - lower) / T)], so the bins are as narrow as the candidates allow.
 fn bin_scale(m: f32, lower: f32, inv_t: f32) -> f32 {
@@ -272,11 +294,21 @@ struct Round {
     mass_mode: bool,
     m: f32,
     inv_t: f32,
-    // Digits are the top-p value bins (ST_PB) instead of 8 bits of the key.
+    // Digits are the value bins (ST_KB, ST_PB) instead of 8 bits of the key.
     value_bins: bool,
+    // The bins are top-k's (log_bin) instead of top-p's (bin_digit).
+    log_bins: bool,
     scale: f32,
-    // Only entries of this top-p bin are candidates (NO_INDEX: any).
+    // Only entries of this value bin are candidates (NO_INDEX: any).
     only_bin: u32,
+}
+
+// The value bin of x (not NaN, x <= m) for the round's control.
+fn value_bin(r: Round, x: f32) -> u32 {
+    if (r.log_bins) {
+        return log_bin(x, r.m);
+    }
+    return bin_digit(x, r.m, r.inv_t, r.scale);
 }
 
 // Adds entry x into the workgroup histogram when it is a candidate of the round: not NaN, at or
@@ -291,9 +323,9 @@ fn radix_add(r: Round, x: f32) {
     }
     var bin = 0u;
     if (r.value_bins) {
-        bin = bin_digit(x, r.m, r.inv_t, r.scale);
+        bin = value_bin(r, x);
     } else {
-        if (r.only_bin != NO_INDEX && bin_digit(x, r.m, r.inv_t, r.scale) != r.only_bin) {
+        if (r.only_bin != NO_INDEX && value_bin(r, x) != r.only_bin) {
             return;
         }
         if (r.round > 0u && (kx >> (32u - 8u * r.round)) != r.prefix) {
@@ -312,14 +344,15 @@ fn radix_add(r: Round, x: f32) {
     }
 }
 
-// Collects entry x into the workgroup's list when it is a candidate in top-p bin `bin` (past
-// LOCAL_CAP straight into the list of the slot at `at`), and widens the bin's key range.
-fn gather(r: Round, bin: u32, at: u32, x: f32) {
+// Collects entry x into the workgroup's list when it is a candidate in the chosen value bin
+// (r.prefix; past LOCAL_CAP straight into the list of the slot at `at`), and widens the bin's
+// key range.
+fn gather(r: Round, at: u32, x: f32) {
     if (is_nan(x)) {
         return;
     }
     let kx = key_of(x);
-    if (kx < r.kbase || bin_digit(x, r.m, r.inv_t, r.scale) != bin) {
+    if (kx < r.kbase || value_bin(r, x) != r.prefix) {
         return;
     }
     atomicMin(&l_kmin, kx);
@@ -343,9 +376,9 @@ fn row_len(side: u32) -> u32 {
 fn next_stage(s: u32, info: ReqInfo) -> u32 {
     var t = s + 1u;
     if (t == ST_MINP && is_neg_inf(info.log_min_p)) {
-        t = ST_K0;
+        t = ST_KB;
     }
-    if (t == ST_K0 && info.top_k == 0u) {
+    if (t == ST_KB && info.top_k == 0u) {
         t = ST_PB;
     }
     if (t == ST_PB && !(info.top_p < 1.0)) {
@@ -373,17 +406,17 @@ fn cut_of(kbase: u32) -> f32 {
     return value_of(kbase);
 }
 
-// The scan of ST_PC: the entries of the chosen top-p bin (the slot's prefix after ST_PB) in
+// The scan of ST_KC / ST_PC: the entries of the chosen bin (the slot's prefix after ST_KB / ST_PB) in
 // this workgroup's slice, added to the slot's list with one global atomic for the workgroup's
 // first LOCAL_CAP (the slot's count may pass params.cut_list: `pick` then reads the row), and
 // the bin's key range. Called in uniform control flow (barriers).
 fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32) {
     for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
         let v = load4(side, base, y, end);
-        gather(r, r.prefix, at, v.x);
-        gather(r, r.prefix, at, v.y);
-        gather(r, r.prefix, at, v.z);
-        gather(r, r.prefix, at, v.w);
+        gather(r, at, v.x);
+        gather(r, at, v.y);
+        gather(r, at, v.z);
+        gather(r, at, v.w);
     }
     workgroupBarrier();
     if (lane == 0u) {
@@ -426,7 +459,6 @@ fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         atomicStore(&state[at + S_MAX], 0u);
         atomicStore(&state[at + S_MIN], 0xffffffffu);
         atomicStore(&state[at + S_RMIN], 0xffffffffu);
-        atomicStore(&state[at + S_PCOUNT], 0u);
         atomicStore(&state[at + S_STAGE], ST_MAX);
         atomicStore(&state[at + S_KBASE], KEY_MIN_FINITE);
         atomicStore(&state[at + S_PREFIX], 0u);
@@ -508,12 +540,11 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    // A histogram round: top-k's radix rounds (digit `round` of the keys >= kbase that carry
-    // the prefix), top-p's value bins; or top-p's gathering of the chosen bin.
-    let round = (stage - ST_K0) & 3u;
-    let r = Round(w_kbase, w_prefix, round, 24u - 8u * round, stage >= ST_PB, m, inv_t,
-                  stage == ST_PB, w_scale, NO_INDEX);
-    if (stage == ST_PC) {
+    // The histogram of the value bins of the keys >= kbase (ST_KB, ST_PB), or the gathering of
+    // the chosen bin (ST_KC, ST_PC).
+    let r = Round(w_kbase, w_prefix, 0u, 24u, stage >= ST_PB, m, inv_t, true, stage < ST_PB,
+                  w_scale, NO_INDEX);
+    if (stage == ST_KC || stage == ST_PC) {
         gather_bin(r, lane, at, side, base, begin, end);
         return;
     }
@@ -594,14 +625,14 @@ fn take_need_above() {
     w_need_lo = n_lo - acc_lo;
 }
 
-// Top-p's last step, ST_PC: four radix rounds over the chosen bin's entries, from the slot's
-// list, or from the row (restricted to the bin) when the bin was too full for the list. The
-// largest key whose upper set within the bin weighs what is still needed is the cut-off. The
-// rounds of the leading bytes all the bin's keys share are skipped: they would choose those
-// bytes, since the chosen bin weighs at least what is still needed (at least 1). A bin whose
-// entries are all equal (ties, coarse number formats) needs no round at all.
-// Uniform control flow (barriers).
-fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
+// The last step of top-k (ST_KC) and top-p (ST_PC): four radix rounds over the chosen bin's
+// entries, from the slot's list, or from the row (restricted to the bin) when the bin was too
+// full for the list. The largest key whose upper set within the bin weighs (counts or masses)
+// what is still needed is the cut-off. The rounds of the leading bytes all the bin's keys share
+// are skipped: they would choose those bytes, since the chosen bin weighs at least what is still
+// needed (at least 1). A bin whose entries are all equal (ties, coarse number formats) needs no
+// round at all. Uniform control flow (barriers).
+fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stage: u32) {
     if (lane == 0u) {
         w_stage = atomicLoad(&state[at + S_PCOUNT]);
         w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
@@ -627,7 +658,8 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     let count = workgroupUniformLoad(&w_stage);
     let from_list = count <= params.cut_list;
     let kbase = w_kbase;
-    let bin = w_digit;
+    // Every entry of the list is in the bin: only the row needs the bin test.
+    let only_bin = select(w_digit, NO_INDEX, from_list);
     let m = value_of(w_max);
     let scale = w_scale;
     let base = row_base(local_row, side);
@@ -636,8 +668,8 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
         atomicStore(&h_lo[lane], 0u);
         atomicStore(&h_hi[lane], 0u);
         workgroupBarrier();
-        let r = Round(kbase, w_prefix, round, 24u - 8u * round, true, m, info.inv_temperature,
-                      false, scale, bin);
+        let r = Round(kbase, w_prefix, round, 24u - 8u * round, stage == ST_PC, m,
+                      info.inv_temperature, false, stage == ST_KC, scale, only_bin);
         if (from_list) {
             for (var i = lane; i < count; i += BINS) {
                 radix_add(r, value_of(atomicLoad(&state[at + S_LIST + i])));
@@ -672,7 +704,7 @@ fn finish_top_p(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     if (lane == 0u) {
         let key = w_prefix;
         atomicStore(&state[at + S_KBASE], key);
-        let next = next_stage(ST_PC, info);
+        let next = next_stage(stage, info);
         set_stage(at, next, key, info.inv_temperature);
         if (next == ST_DONE) {
             cutoffs[w_slot] = cut_of(key);
@@ -720,8 +752,8 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let at = state_at(wid.y, side);
     let info = row_req(wid.y);
     let inv_t = info.inv_temperature;
-    if (stage == ST_PC) {
-        finish_top_p(lane, at, wid.y, side, info);
+    if (stage == ST_KC || stage == ST_PC) {
+        finish_bin(lane, at, wid.y, side, info, stage);
         return;
     }
     if (stage == ST_MAX || stage == ST_MINP) {
@@ -730,10 +762,9 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    // A histogram round of top-k (rounds 0..3) or top-p's value bins (one round 0).
-    let mass_mode = stage >= ST_PB;
-    let round = (stage - ST_K0) & 3u;
-    // Take the row's histogram and clear it for the next round.
+    // The histogram of top-k's (ST_KB) or top-p's (ST_PB) value bins.
+    let mass_mode = stage == ST_PB;
+    // Take the row's histogram and clear it for the next use.
     suf_lo[lane] = atomicLoad(&state[at + S_HIST_LO + lane]);
     suf_hi[lane] = atomicLoad(&state[at + S_HIST_HI + lane]);
     atomicStore(&state[at + S_HIST_LO + lane], 0u);
@@ -742,33 +773,30 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
         w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
         w_kbase = atomicLoad(&state[at + S_KBASE]);
-        w_prefix = select(atomicLoad(&state[at + S_PREFIX]), 0u, round == 0u);
     }
     workgroupBarrier();
     suffix_sums(lane);
     if (lane == 0u) {
+        // The target, from the histogram's total.
         var stop = 0u;
-        if (round == 0u) {
-            // The target, from the total of the first round.
-            let t_hi = suf_hi[0];
-            let t_lo = suf_lo[0];
-            if (mass_mode) {
-                let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
-                let nf = ceil(info.top_p * total);
-                let hi = floor(nf * (1.0 / 4294967296.0));
-                w_need_hi = u32(hi);
-                w_need_lo = u32(nf - hi * 4294967296.0);
-                // Rounding of the f32 total must not ask for more than there is.
-                if (ge64(w_need_hi, w_need_lo, t_hi, t_lo)) {
-                    w_need_hi = t_hi;
-                    w_need_lo = t_lo;
-                }
-            } else {
-                w_need_hi = 0u;
-                w_need_lo = info.top_k;
-                if (t_hi == 0u && t_lo <= info.top_k) {
-                    stop = 1u;
-                }
+        let t_hi = suf_hi[0];
+        let t_lo = suf_lo[0];
+        if (mass_mode) {
+            let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
+            let nf = ceil(info.top_p * total);
+            let hi = floor(nf * (1.0 / 4294967296.0));
+            w_need_hi = u32(hi);
+            w_need_lo = u32(nf - hi * 4294967296.0);
+            // Rounding of the f32 total must not ask for more than there is.
+            if (ge64(w_need_hi, w_need_lo, t_hi, t_lo)) {
+                w_need_hi = t_hi;
+                w_need_lo = t_lo;
+            }
+        } else {
+            w_need_hi = 0u;
+            w_need_lo = info.top_k;
+            if (t_hi == 0u && t_lo <= info.top_k) {
+                stop = 1u;
             }
         }
         w_stop = stop;
@@ -776,7 +804,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (workgroupUniformLoad(&w_stop) != 0u) {
         // Top-k with no more than k candidates: nothing to cut, kbase stays.
         if (lane == 0u) {
-            let next = next_stage(ST_K0 + 3u, info);
+            let next = next_stage(ST_KC, info);
             set_stage(at, next, w_kbase, inv_t);
             if (next == ST_DONE) {
                 cutoffs[w_slot] = cut_of(w_kbase);
@@ -787,25 +815,13 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     choose(lane, w_need_hi, w_need_lo);
     if (lane == 0u) {
         take_need_above();
-        // After ST_PB the prefix is the chosen value bin, which ST_PC gathers.
-        let prefix = (w_prefix << 8u) | w_digit;
+        // The prefix is the chosen value bin, which ST_KC / ST_PC gathers.
         atomicStore(&state[at + S_NEED_HI], w_need_hi);
         atomicStore(&state[at + S_NEED_LO], w_need_lo);
-        atomicStore(&state[at + S_PREFIX], prefix);
-        var next = stage + 1u;
-        var kbase = w_kbase;
-        if (stage == ST_PB) {
-            atomicStore(&state[at + S_PCOUNT], 0u);
-            atomicStore(&state[at + S_CMIN], 0xffffffffu);
-            atomicStore(&state[at + S_CMAX], 0u);
-        } else if (round == 3u) {
-            next = next_stage(stage, info);
-            kbase = prefix;
-            atomicStore(&state[at + S_KBASE], prefix);
-            if (next == ST_DONE) {
-                cutoffs[w_slot] = cut_of(prefix);
-            }
-        }
-        set_stage(at, next, kbase, inv_t);
+        atomicStore(&state[at + S_PREFIX], w_digit);
+        atomicStore(&state[at + S_PCOUNT], 0u);
+        atomicStore(&state[at + S_CMIN], 0xffffffffu);
+        atomicStore(&state[at + S_CMAX], 0u);
+        set_stage(at, stage + 1u, w_kbase, inv_t);
     }
 }

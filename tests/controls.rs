@@ -268,17 +268,16 @@ fn a_top_p_cut_off_in_the_smallest_masses_equals_the_twin() {
     assert_eq!(bit_differences(&a, &b), 0, "{a:?} vs {b:?}");
 }
 
-/// Top-p's ways to the cut-off inside its value bin. Rows: the max at 0, `n` distinct entries
-/// packed within 0.004 around −2 (one value bin), spread over the row, and the rest at −30 (no
-/// mass); top_p = 0.5 puts the cut-off in the middle of the pack. The bin's entries are gathered
-/// into the row's scratch list (n = 3,000 by default); with a whole row per scan workgroup
-/// (`target_workgroups: 1`) one workgroup finds more than the 1,024 it collects before adding
-/// them to the list, and adds the rest one by one; with a 96 KiB binding the list holds fewer
-/// than n = 6,000, and the bin is selected from the row itself. A fourth case packs 5,000 equal
-/// entries at −2 (no rounds needed). Each cut-off must equal the twin's bit for bit and lie
-/// inside the pack.
-#[test]
-fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
+/// The ways to a cut-off inside its value bin, for top-p and top-k. Rows: the max at 0, `n`
+/// distinct entries packed within 0.004 around `centre` (one value bin), spread over the row, and
+/// the rest at −30 (no mass); `params(n)` puts the cut-off in the middle of the pack (top_p = 0.5,
+/// or top_k = 1 + n / 2). The bin's entries are gathered into the row's scratch list (n = 3,000 by
+/// default); with a whole row per scan workgroup (`target_workgroups: 1`) one workgroup finds
+/// more than the 1,024 it collects before adding them to the list, and adds the rest one by one;
+/// with a 96 KiB binding the list holds fewer than n = 6,000, and the bin is selected from the row
+/// itself. A fourth case packs 5,000 equal entries at `centre` (no rounds needed). Each cut-off
+/// must equal the twin's bit for bit and lie inside the pack.
+fn crowded_bin_cut_offs_equal_the_twin(centre: f32, params: impl Fn(usize) -> SamplingParams) {
     if gpu().is_none() {
         return;
     }
@@ -294,7 +293,7 @@ fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
         row[0] = 0.0;
         let step = (vocab - 1) / n;
         for i in 0..n {
-            row[1 + i * step] = -2.0 + shift + (i as f32 - n as f32 / 2.0) * spread;
+            row[1 + i * step] = centre + shift + (i as f32 - n as f32 / 2.0) * spread;
         }
         row
     };
@@ -308,10 +307,10 @@ fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
         let (mut o, _) = batch(53, vocab, 1);
         o.target = [row(n, spread, 0.0), row(n, spread, 0.25)].concat();
         o.draft = row(n, spread, -0.25);
-        o.requests[0].params = SamplingParams::seeded(1.0, 5).with_top_p(0.5);
+        o.requests[0].params = params(n);
         let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
         for (&c, shift) in a.iter().zip([0.0f32, 0.25, -0.25]) {
-            let pack = (-2.0 + shift - 0.002, -2.0 + shift + 0.002);
+            let pack = (centre + shift - 0.002, centre + shift + 0.002);
             assert!(
                 c >= pack.0 && c <= pack.1,
                 "n = {n}: the twin's cut-off {c} is not inside the pack {pack:?}"
@@ -324,6 +323,62 @@ fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
             "n = {n}, {}: {a:?} vs {b:?}",
             v.describe()
         );
+    }
+}
+
+/// Top-p's bins are 1/256 of z = (max − l) / T over the span: the packs around −2 lie inside one.
+#[test]
+fn top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
+    crowded_bin_cut_offs_equal_the_twin(-2.0, |_| SamplingParams::seeded(1.0, 5).with_top_p(0.5));
+}
+
+/// Top-k's bins are eighths of an octave of max − l: the packs around −2.1 (distances 2.1, 1.85
+/// and 2.35) lie inside [2, 2.25), [1.75, 1.875) and [2.25, 2.5).
+#[test]
+fn top_k_cut_offs_inside_a_crowded_bin_equal_the_twin() {
+    crowded_bin_cut_offs_equal_the_twin(-2.1, |n| {
+        SamplingParams::seeded(1.0, 5).with_top_k(1 + n as u32 / 2)
+    });
+}
+
+/// Top-k cut-offs in the lowest of its value bins, which holds every entry more than 2^15.75
+/// below the max: a max 10^5 above N(0, 2) entries (all of them in that bin), and finite masks
+/// at −f32::MAX whose distance to the max overflows to +inf, with k reaching past and into them.
+#[test]
+fn top_k_cut_offs_past_the_bins_equal_the_twin() {
+    let Some(v) = gpu() else { return };
+    let vocab = 5000usize;
+    let mut g = Gen::new(61);
+    let mut far_max = g.logits(vocab, 2.0);
+    far_max[17] = 1.0e5;
+    let mut masked = g.logits(vocab, 2.0);
+    for y in (0..vocab).step_by(97) {
+        masked[y] = -f32::MAX;
+    }
+    masked[3] = 30.0;
+    for (row, k) in [
+        (&far_max, 100u32),
+        (&far_max, 4000),
+        (&masked, 40),
+        (&masked, vocab as u32 - 20),
+        (&masked, vocab as u32 - 60),
+    ] {
+        let (mut o, _) = batch(67, vocab, 1);
+        o.target = [row.clone(), row.clone()].concat();
+        o.draft = row.clone();
+        o.requests[0].params = SamplingParams::seeded(1.0, 5).with_top_k(k);
+        let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+        // The k-th largest value, ties kept: fewer than k entries above it, at least k from it
+        // up. A cut-off at the least finite value reads as −inf (nothing cut).
+        let c = a[0].max(-f32::MAX);
+        let above = row.iter().filter(|&&x| x > c).count();
+        let kept = row.iter().filter(|&&x| x >= c).count();
+        assert!(
+            above < k as usize && kept >= k as usize,
+            "k = {k}: the twin's cut-off {c} keeps {kept}, {above} above it"
+        );
+        let b = v.cutoffs_blocking(&o.batch()).unwrap();
+        assert_eq!(bit_differences(&a, &b), 0, "k = {k}: {a:?} vs {b:?}");
     }
 }
 

@@ -1,5 +1,5 @@
 //! Pass 1: cutoff (`shaders/cutoff.wgsl`). For batches where some request sets top-k / top-p /
-//! min-p, finds every filtered row's cut-off by radix select: reads the caller's target (and
+//! min-p, finds every filtered row's cut-off by a select over value bins: reads the caller's target (and
 //! draft-logit) rows and the request table, writes `cutoffs` (one f32 per row) through the
 //! `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below the cut-off.
 
@@ -14,9 +14,9 @@ use crate::shaders::Kernel;
 
 /// Head words of one row's slot in the cutoff kernel's scratch (S_LIST in cutoff.wgsl): its
 /// stage and select state and a 256-bin histogram of 64-bit (hi, lo) sums. The list of the
-/// top-p bin that holds the cut-off follows (`CutShape::list` words).
+/// top-k or top-p value bin that holds the cut-off follows (`CutShape::list` words).
 const CUT_HEAD_WORDS: u64 = 528;
-/// Fewest entries of a slot's top-p list: at the top-p cut-off of N(0, 2) logits over 151,936
+/// Fewest entries of a slot's list: at the top-p cut-off of N(0, 2) logits over 151,936
 /// entries at T = 1 the chosen bin holds about 2,000; a fuller bin is selected from the row
 /// itself, by one workgroup (slower, same cut-off).
 const CUT_MIN_LIST: u64 = 4096;
@@ -38,7 +38,7 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 
 /// The cutoff pass's grid: its scratch slots (target rows, then draft rows), the entries per scan
 /// workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and the
-/// (scan, pick) rounds: max, then min-p, four top-k and two top-p rounds when some request of
+/// (scan, pick) rounds: max, then min-p, two top-k and two top-p rounds when some request of
 /// the batch asks for them (rows that need fewer wait at DONE, for free).
 pub(super) struct CutShape {
     /// Entries per scan workgroup (also in every Params: the kernels read it).
@@ -54,7 +54,7 @@ pub(super) struct CutShape {
     pub groups: Vec<(usize, usize, usize)>,
     /// Target rows per group (`CUT_GROUP_ROWS`, or fewer where the scratch would not fit).
     pub group_rows: usize,
-    /// Words of each slot's list of top-p candidates (also in every Params: the kernels read
+    /// Words of each slot's list of the chosen bin's candidates (also in every Params: the kernels read
     /// it).
     pub list: u32,
     /// Params slots to reserve for the groups: a bound on `groups.len()` (0 when no request
@@ -76,7 +76,7 @@ impl CutShape {
         let steps = {
             let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
             1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
-                + 4 * u32::from(filtered().any(|r| r.top_k != 0))
+                + 2 * u32::from(filtered().any(|r| r.top_k != 0))
                 + 2 * u32::from(filtered().any(|r| r.top_p < 1.0))
         };
         let sides: u32 = if cut_logits { 2 } else { 1 };
@@ -163,7 +163,7 @@ fn group_rows(g: &GpuBackend, sides: u32) -> usize {
     (scratch_budget(g) / per_row).clamp(1, CUT_GROUP_ROWS as u64) as usize
 }
 
-/// Words of each slot's top-p list for groups of `rows` target rows: what the budget leaves
+/// Words of each slot's list of the chosen bin's keys for groups of `rows` target rows: what the budget leaves
 /// per slot, but no more than a row's `len` entries (and at least 4).
 fn list_words(g: &GpuBackend, rows: usize, sides: u32, len: u32) -> u32 {
     let slots = (rows.max(1) as u64) * u64::from(sides);
