@@ -98,6 +98,7 @@ const S_RMIN: u32 = 8u;    // min key of the row's finite values (atomicMin over
 const S_SCALE: u32 = 9u;   // f32 bits: top-p bins per unit of z
 const S_CMIN: u32 = 10u;   // least and greatest key of the chosen bin's entries
 const S_CMAX: u32 = 11u;
+const S_KALL: u32 = 12u;   // 1: top-k's gathering takes every entry from the chosen bin up
 const S_HIST_LO: u32 = 16u;
 const S_HIST_HI: u32 = 272u; // S_HIST_LO + BINS
 const S_LIST: u32 = 528u;  // the chosen bin's keys (params.cut_list words)
@@ -128,6 +129,7 @@ var<workgroup> w_slot: u32;
 var<workgroup> w_kbase: u32;
 var<workgroup> w_prefix: u32;
 var<workgroup> w_max: u32;
+var<workgroup> w_all: u32;
 // select: suffix sums of the histogram (64-bit as hi, lo), the target, the chosen bin.
 var<workgroup> suf_lo: array<u32, BINS>;
 var<workgroup> suf_hi: array<u32, BINS>;
@@ -294,10 +296,10 @@ struct Round {
     mass_mode: bool,
     m: f32,
     inv_t: f32,
-    // Digits are the value bins (ST_KB, ST_PB) instead of 8 bits of the key.
-    value_bins: bool,
     // The bins are top-k's (log_bin) instead of top-p's (bin_digit).
     log_bins: bool,
+    // The gathering takes every bin from the chosen one (prefix) up, not that bin alone.
+    at_least: bool,
     scale: f32,
     // Only entries of this value bin are candidates (NO_INDEX: any).
     only_bin: u32,
@@ -311,30 +313,11 @@ fn value_bin(r: Round, x: f32) -> u32 {
     return bin_digit(x, r.m, r.inv_t, r.scale);
 }
 
-// Adds entry x into the workgroup histogram when it is a candidate of the round: not NaN, at or
-// above kbase, in `only_bin` if set, carrying the prefix of the digits chosen so far.
-fn radix_add(r: Round, x: f32) {
-    if (is_nan(x)) {
-        return;
-    }
-    let kx = key_of(x);
-    if (kx < r.kbase) {
-        return;
-    }
-    var bin = 0u;
-    if (r.value_bins) {
-        bin = value_bin(r, x);
-    } else {
-        if (r.only_bin != NO_INDEX && value_bin(r, x) != r.only_bin) {
-            return;
-        }
-        if (r.round > 0u && (kx >> (32u - 8u * r.round)) != r.prefix) {
-            return;
-        }
-        bin = (kx >> r.shift) & 255u;
-    }
-    if (r.mass_mode) {
-        let fx = u32(exp((x - r.m) * r.inv_t) * MASS_SCALE);
+// Adds entry x's weight into bin `bin` of the workgroup histogram: 1, or its mass in 2^-31 fixed
+// point (a wrap of the low word carries into the high one).
+fn add_to_bin(bin: u32, x: f32, mass_mode: bool, m: f32, inv_t: f32) {
+    if (mass_mode) {
+        let fx = u32(exp((x - m) * inv_t) * MASS_SCALE);
         let old = atomicAdd(&h_lo[bin], fx);
         if (old + fx < old) {
             atomicAdd(&h_hi[bin], 1u);
@@ -344,15 +327,54 @@ fn radix_add(r: Round, x: f32) {
     }
 }
 
-// Collects entry x into the workgroup's list when it is a candidate in the chosen value bin
-// (r.prefix; past LOCAL_CAP straight into the list of the slot at `at`), and widens the bin's
-// key range.
-fn gather(r: Round, at: u32, x: f32) {
+// The histogram scans, one function per control so that the loop over the row tests no control
+// per entry (the scans are bound by their per-entry work, not by bytes: a uniform test of the
+// control per entry measured 1-2 % of a top-k or top-p call). Each adds entry x when it is a
+// candidate (not NaN, at or above kbase): top-k counts it in its log bin, top-p adds its mass to
+// its bin.
+fn count_log_bin(kbase: u32, m: f32, x: f32) {
+    if (is_nan(x) || key_of(x) < kbase) {
+        return;
+    }
+    atomicAdd(&h_lo[log_bin(x, m)], 1u);
+}
+
+fn add_mass_bin(kbase: u32, m: f32, inv_t: f32, scale: f32, x: f32) {
+    if (is_nan(x) || key_of(x) < kbase) {
+        return;
+    }
+    add_to_bin(bin_digit(x, m, inv_t, scale), x, true, m, inv_t);
+}
+
+// Adds entry x into the workgroup histogram of a radix round when it is a candidate: not NaN, at
+// or above kbase, in `only_bin` if set, carrying the prefix of the digits chosen so far.
+fn radix_add(r: Round, x: f32) {
     if (is_nan(x)) {
         return;
     }
     let kx = key_of(x);
-    if (kx < r.kbase || value_bin(r, x) != r.prefix) {
+    if (kx < r.kbase) {
+        return;
+    }
+    if (r.only_bin != NO_INDEX && value_bin(r, x) != r.only_bin) {
+        return;
+    }
+    if (r.round > 0u && (kx >> (32u - 8u * r.round)) != r.prefix) {
+        return;
+    }
+    add_to_bin((kx >> r.shift) & 255u, x, r.mass_mode, r.m, r.inv_t);
+}
+
+// Collects entry x into the workgroup's list when it is a candidate in the chosen value bin
+// (r.prefix; or above it, with r.at_least; past LOCAL_CAP straight into the list of the slot at
+// `at`), and widens the list's key range. `b` is x's value bin (computed by the caller's loop, one
+// per control).
+fn gather(r: Round, at: u32, x: f32, b: u32) {
+    if (is_nan(x)) {
+        return;
+    }
+    let kx = key_of(x);
+    if (kx < r.kbase || b < r.prefix || (b != r.prefix && !r.at_least)) {
         return;
     }
     atomicMin(&l_kmin, kx);
@@ -411,12 +433,22 @@ fn cut_of(kbase: u32) -> f32 {
 // first LOCAL_CAP (the slot's count may pass params.cut_list: `pick` then reads the row), and
 // the bin's key range. Called in uniform control flow (barriers).
 fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32) {
-    for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-        let v = load4(side, base, y, end);
-        gather(r, at, v.x);
-        gather(r, at, v.y);
-        gather(r, at, v.z);
-        gather(r, at, v.w);
+    if (r.log_bins) {
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            gather(r, at, v.x, log_bin(v.x, r.m));
+            gather(r, at, v.y, log_bin(v.y, r.m));
+            gather(r, at, v.z, log_bin(v.z, r.m));
+            gather(r, at, v.w, log_bin(v.w, r.m));
+        }
+    } else {
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            gather(r, at, v.x, bin_digit(v.x, r.m, r.inv_t, r.scale));
+            gather(r, at, v.y, bin_digit(v.y, r.m, r.inv_t, r.scale));
+            gather(r, at, v.z, bin_digit(v.z, r.m, r.inv_t, r.scale));
+            gather(r, at, v.w, bin_digit(v.w, r.m, r.inv_t, r.scale));
+        }
     }
     workgroupBarrier();
     if (lane == 0u) {
@@ -482,6 +514,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             w_prefix = atomicLoad(&state[at + S_PREFIX]);
             w_max = atomicLoad(&state[at + S_MAX]);
             w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
+            w_all = atomicLoad(&state[at + S_KALL]);
         }
         w_stage = stage;
         atomicStore(&red_key, select(0u, 0xffffffffu, stage == ST_MINP));
@@ -540,20 +573,32 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
-    // The histogram of the value bins of the keys >= kbase (ST_KB, ST_PB), or the gathering of
-    // the chosen bin (ST_KC, ST_PC).
-    let r = Round(w_kbase, w_prefix, 0u, 24u, stage >= ST_PB, m, inv_t, true, stage < ST_PB,
-                  w_scale, NO_INDEX);
+    // The gathering of the chosen bin (ST_KC, ST_PC), or the histogram of the value bins of the
+    // keys >= kbase (ST_KB, ST_PB).
+    let kbase = w_kbase;
     if (stage == ST_KC || stage == ST_PC) {
+        let r = Round(kbase, w_prefix, 0u, 24u, stage == ST_PC, m, inv_t, stage == ST_KC,
+                      stage == ST_KC && w_all != 0u, w_scale, NO_INDEX);
         gather_bin(r, lane, at, side, base, begin, end);
         return;
     }
-    for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-        let v = load4(side, base, y, end);
-        radix_add(r, v.x);
-        radix_add(r, v.y);
-        radix_add(r, v.z);
-        radix_add(r, v.w);
+    if (stage == ST_KB) {
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            count_log_bin(kbase, m, v.x);
+            count_log_bin(kbase, m, v.y);
+            count_log_bin(kbase, m, v.z);
+            count_log_bin(kbase, m, v.w);
+        }
+    } else {
+        let scale = w_scale;
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            add_mass_bin(kbase, m, inv_t, scale, v.x);
+            add_mass_bin(kbase, m, inv_t, scale, v.y);
+            add_mass_bin(kbase, m, inv_t, scale, v.z);
+            add_mass_bin(kbase, m, inv_t, scale, v.w);
+        }
     }
     workgroupBarrier();
     // Add the workgroup's bins into the row's: a wrap of lo carries one into hi, so the pair
@@ -625,51 +670,53 @@ fn take_need_above() {
     w_need_lo = n_lo - acc_lo;
 }
 
-// The last step of top-k (ST_KC) and top-p (ST_PC): four radix rounds over the chosen bin's
-// entries, from the slot's list, or from the row (restricted to the bin) when the bin was too
-// full for the list. The largest key whose upper set within the bin weighs (counts or masses)
-// what is still needed is the cut-off. The rounds of the leading bytes all the bin's keys share
-// are skipped: they would choose those bytes, since the chosen bin weighs at least what is still
-// needed (at least 1). A bin whose entries are all equal (ties, coarse number formats) needs no
-// round at all. Uniform control flow (barriers).
-fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stage: u32) {
-    if (lane == 0u) {
-        w_stage = atomicLoad(&state[at + S_PCOUNT]);
-        w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
-        w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
-        w_kbase = atomicLoad(&state[at + S_KBASE]);
-        w_digit = atomicLoad(&state[at + S_PREFIX]);
-        w_max = atomicLoad(&state[at + S_MAX]);
-        w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
-        // The bytes every entry of the bin shares (those of its least and greatest keys) are
-        // the digits their rounds would choose: start after them.
-        let kmin = atomicLoad(&state[at + S_CMIN]);
-        let first = countLeadingZeros(kmin ^ atomicLoad(&state[at + S_CMAX])) / 8u;
-        var prefix = 0u;
-        if (first == 4u) {
-            prefix = kmin;
-        } else if (first > 0u) {
-            prefix = kmin >> (32u - 8u * first);
-        }
-        w_prefix = prefix;
-        w_stop = first;
+// The shared leading bytes of the keys in [lo, hi] as a prefix, into w_prefix, and how many
+// there are (the first radix round to run) into w_stop. Lane 0.
+fn shared_bytes(lo: u32, hi: u32) {
+    let first = countLeadingZeros(lo ^ hi) / 8u;
+    var prefix = 0u;
+    if (first == 4u) {
+        prefix = lo;
+    } else if (first > 0u) {
+        prefix = lo >> (32u - 8u * first);
     }
-    let first_round = workgroupUniformLoad(&w_stop);
-    let count = workgroupUniformLoad(&w_stage);
-    let from_list = count <= params.cut_list;
-    let kbase = w_kbase;
-    // Every entry of the list is in the bin: only the row needs the bin test.
-    let only_bin = select(w_digit, NO_INDEX, from_list);
-    let m = value_of(w_max);
-    let scale = w_scale;
-    let base = row_base(local_row, side);
-    let len = row_len(side);
-    for (var round = first_round; round < 4u; round++) {
+    w_prefix = prefix;
+    w_stop = first;
+}
+
+// Lane 0, after suffix_sums of a mass histogram of every candidate: top-p's need, the mass its
+// upper set must reach, from the total.
+fn set_top_p_need(top_p: f32) {
+    let t_hi = suf_hi[0];
+    let t_lo = suf_lo[0];
+    let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
+    let nf = ceil(top_p * total);
+    let hi = floor(nf * (1.0 / 4294967296.0));
+    w_need_hi = u32(hi);
+    w_need_lo = u32(nf - hi * 4294967296.0);
+    // Rounding of the f32 total must not ask for more than there is.
+    if (ge64(w_need_hi, w_need_lo, t_hi, t_lo)) {
+        w_need_hi = t_hi;
+        w_need_lo = t_lo;
+    }
+}
+
+// Radix rounds `first` .. 3 (t's round, shift and prefix are set per round; the digits chosen
+// so far in w_prefix) over the slot's list of `count` keys, or over the row (restricted to
+// t.only_bin) when `from_list` is false: the largest key whose upper set weighs w_need. With
+// `top_p` below 1 the first round's total sets the need (every candidate carries the shared
+// prefix, so that total is the mass of them all). Leaves the key in w_prefix.
+// Uniform control flow (barriers).
+fn radix_rounds(lane: u32, at: u32, t: Round, first: u32, from_list: bool, count: u32,
+                top_p: f32, side: u32, base: u32, len: u32) {
+    for (var round = first; round < 4u; round++) {
         atomicStore(&h_lo[lane], 0u);
         atomicStore(&h_hi[lane], 0u);
         workgroupBarrier();
-        let r = Round(kbase, w_prefix, round, 24u - 8u * round, stage == ST_PC, m,
-                      info.inv_temperature, false, stage == ST_KC, scale, only_bin);
+        var r = t;
+        r.prefix = w_prefix;
+        r.round = round;
+        r.shift = 24u - 8u * round;
         if (from_list) {
             for (var i = lane; i < count; i += BINS) {
                 radix_add(r, value_of(atomicLoad(&state[at + S_LIST + i])));
@@ -694,6 +741,12 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
         suf_hi[lane] = atomicLoad(&h_hi[lane]);
         workgroupBarrier();
         suffix_sums(lane);
+        if (round == first && top_p < 1.0) {
+            if (lane == 0u) {
+                set_top_p_need(top_p);
+            }
+            workgroupBarrier();
+        }
         choose(lane, w_need_hi, w_need_lo);
         if (lane == 0u) {
             take_need_above();
@@ -701,10 +754,66 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
         }
         workgroupBarrier();
     }
+}
+
+// The last step of top-k (ST_KC) and top-p (ST_PC): radix rounds over the chosen bin's entries,
+// from the slot's list, or from the row (restricted to the bin) when the bin was too full for
+// the list. The largest key whose upper set within the bin weighs (counts or masses) what is
+// still needed is the cut-off. The rounds of the leading bytes all the bin's keys share are
+// skipped: they would choose those bytes, since the chosen bin weighs at least what is still
+// needed (at least 1). A bin whose entries are all equal (ties, coarse number formats) needs no
+// round at all.
+// Top-k followed by top-p, with every entry from the chosen bin up in the list (S_KALL; the
+// need then still the whole k): the list holds every candidate of top-p too, so top-p's
+// cut-off is selected from it right after top-k's, by mass rounds over its keys at or above
+// top-k's cut-off, and the row is never read for top-p.
+// Uniform control flow (barriers).
+fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stage: u32) {
+    if (lane == 0u) {
+        w_stage = atomicLoad(&state[at + S_PCOUNT]);
+        w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
+        w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
+        w_kbase = atomicLoad(&state[at + S_KBASE]);
+        w_digit = atomicLoad(&state[at + S_PREFIX]);
+        w_max = atomicLoad(&state[at + S_MAX]);
+        w_scale = bitcast<f32>(atomicLoad(&state[at + S_SCALE]));
+        w_all = select(0u, atomicLoad(&state[at + S_KALL]), stage == ST_KC);
+        // The bytes every entry of the bin shares (those of its least and greatest keys) are
+        // the digits their rounds would choose: start after them.
+        shared_bytes(atomicLoad(&state[at + S_CMIN]), atomicLoad(&state[at + S_CMAX]));
+    }
+    let first_round = workgroupUniformLoad(&w_stop);
+    let count = workgroupUniformLoad(&w_stage);
+    let all = workgroupUniformLoad(&w_all) != 0u;
+    let from_list = count <= params.cut_list;
+    // Every entry of the list is in the bin (or above it, with S_KALL): only the row needs the
+    // bin test.
+    let only_bin = select(w_digit, NO_INDEX, from_list);
+    let t = Round(w_kbase, 0u, 0u, 24u, stage == ST_PC, value_of(w_max), info.inv_temperature,
+                  stage == ST_KC, false, w_scale, only_bin);
+    let base = row_base(local_row, side);
+    let len = row_len(side);
+    radix_rounds(lane, at, t, first_round, from_list, count, 1.0, side, base, len);
+    if (all) {
+        // Top-p over the list's keys at or above top-k's cut-off: they share the leading bytes
+        // of that key and the list's greatest.
+        if (lane == 0u) {
+            w_kbase = w_prefix;
+            shared_bytes(w_prefix, atomicLoad(&state[at + S_CMAX]));
+        }
+        let first_p = workgroupUniformLoad(&w_stop);
+        var tp = t;
+        tp.kbase = w_kbase;
+        tp.mass_mode = true;
+        radix_rounds(lane, at, tp, first_p, true, count, info.top_p, side, base, len);
+    }
     if (lane == 0u) {
         let key = w_prefix;
         atomicStore(&state[at + S_KBASE], key);
-        let next = next_stage(stage, info);
+        var next = next_stage(stage, info);
+        if (all) {
+            next = next_stage(ST_PC, info);
+        }
         set_stage(at, next, key, info.inv_temperature);
         if (next == ST_DONE) {
             cutoffs[w_slot] = cut_of(key);
@@ -779,23 +888,12 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u) {
         // The target, from the histogram's total.
         var stop = 0u;
-        let t_hi = suf_hi[0];
-        let t_lo = suf_lo[0];
         if (mass_mode) {
-            let total = f32(t_hi) * 4294967296.0 + f32(t_lo);
-            let nf = ceil(info.top_p * total);
-            let hi = floor(nf * (1.0 / 4294967296.0));
-            w_need_hi = u32(hi);
-            w_need_lo = u32(nf - hi * 4294967296.0);
-            // Rounding of the f32 total must not ask for more than there is.
-            if (ge64(w_need_hi, w_need_lo, t_hi, t_lo)) {
-                w_need_hi = t_hi;
-                w_need_lo = t_lo;
-            }
+            set_top_p_need(info.top_p);
         } else {
             w_need_hi = 0u;
             w_need_lo = info.top_k;
-            if (t_hi == 0u && t_lo <= info.top_k) {
+            if (suf_hi[0] == 0u && suf_lo[0] <= info.top_k) {
                 stop = 1u;
             }
         }
@@ -814,7 +912,14 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     choose(lane, w_need_hi, w_need_lo);
     if (lane == 0u) {
-        take_need_above();
+        // Top-k before top-p gathers every entry from the chosen bin up when they fit the list
+        // (the need stays k): top-p is then selected from that list (finish_bin).
+        let all = stage == ST_KB && info.top_p < 1.0 && suf_hi[w_digit] == 0u
+            && suf_lo[w_digit] <= params.cut_list;
+        if (!all) {
+            take_need_above();
+        }
+        atomicStore(&state[at + S_KALL], select(0u, 1u, all));
         // The prefix is the chosen value bin, which ST_KC / ST_PC gathers.
         atomicStore(&state[at + S_NEED_HI], w_need_hi);
         atomicStore(&state[at + S_NEED_LO], w_need_lo);

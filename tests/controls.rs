@@ -341,6 +341,19 @@ fn top_k_cut_offs_inside_a_crowded_bin_equal_the_twin() {
     });
 }
 
+/// Top-k then top-p: where every entry from top-k's chosen bin up fits the scratch list (the
+/// default and whole-row cases, and the equal entries), top-p is selected from that list; with
+/// the short lists it scans the row as top-p alone does. The masses put top-p's cut-off among
+/// the pack entries top-k kept (the max weighs 1, each of them e^-2.1 ≈ 0.12).
+#[test]
+fn top_k_then_top_p_cut_offs_inside_a_crowded_bin_equal_the_twin() {
+    crowded_bin_cut_offs_equal_the_twin(-2.1, |n| {
+        SamplingParams::seeded(1.0, 5)
+            .with_top_k(1 + n as u32 / 2)
+            .with_top_p(0.9)
+    });
+}
+
 /// Top-k cut-offs in the lowest of its value bins, which holds every entry more than 2^15.75
 /// below the max: a max 10^5 above N(0, 2) entries (all of them in that bin), and finite masks
 /// at −f32::MAX whose distance to the max overflows to +inf, with k reaching past and into them.
