@@ -44,13 +44,17 @@
 //   init                    (1, rows, sides): resets the slots (unfiltered rows: cut-off -inf)
 //   N x (scan, pick)
 //     scan   (slices, rows, sides): each workgroup reduces `cut_slice` entries of the row for the
-//            row's current stage (max, min-p bound, or a histogram round) into workgroup
-//            memory, then adds its partial into the slot with integer atomics
-//     pick   (1, rows, sides): reads the totals, picks the digit / bound, clears the histogram
-//            and moves the row to its next stage; a row reaching DONE writes its cut-off
-// with N = 1 + [any min-p] + 4 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
-// stages (or stopping early: top-k with at most k candidates) sit at DONE and their workgroups
-// return at once. Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
+//            row's current stage (max, min-p bound, a histogram of value bins, or the gathering
+//            of the chosen bin) into workgroup memory, then adds its partial into the slot with
+//            integer atomics
+//     pick   (1, rows, sides): reads the totals, picks the bound / bin (after a gathering: the
+//            radix rounds over the list), clears the histogram and moves the row to its next
+//            stage; a row reaching DONE writes its cut-off
+// with N = 1 + [any min-p] + 2 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
+// stages sit at DONE and their workgroups return at once: top-k with at most k candidates, and
+// top-k followed by top-p where every entry from top-k's chosen bin up fits the list (top-k's
+// gathering then takes them all, and `pick` selects top-p's cut-off from that list right after
+// top-k's, without reading the row again). Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
 // only; otherwise z has one value).
 
 // Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
