@@ -149,6 +149,8 @@ pub struct BenchConfig {
     pub top_p: f32,
     /// `top_k` of every non-greedy request (0: off); above 0 the cutoff pass runs.
     pub top_k: u32,
+    /// `min_p` of every non-greedy request (0: off); above 0 the cutoff pass runs.
+    pub min_p: f32,
     /// Element type of the target logits (values rounded to it first, so the twin sees the same
     /// numbers); draft rows stay f32.
     pub target_dtype: crate::Dtype,
@@ -189,6 +191,7 @@ impl BenchConfig {
             workgroup_size: None,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             target_dtype: crate::Dtype::F32,
             block: false,
             rows: BenchRows::Normal,
@@ -216,6 +219,7 @@ impl BenchConfig {
             workgroup_size: None,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             target_dtype: crate::Dtype::F32,
             block: false,
             rows: BenchRows::Normal,
@@ -434,6 +438,7 @@ fn requests_for(mode: BenchMode, r: usize, k: u32, cfg: &BenchConfig) -> Vec<Req
                 ..SamplingParams::seeded(t, 1000 + i as u64)
                     .with_top_p(cfg.top_p)
                     .with_top_k(cfg.top_k)
+                    .with_min_p(cfg.min_p)
             },
             position: 64 * i as u64,
         })
@@ -1852,6 +1857,7 @@ Options:
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
   --top-k K           top_k of sampled requests (runs the cutoff pass; default 0 = off)
+  --min-p P           min_p of sampled requests (runs the cutoff pass; default 0 = off)
   --bf16, --f16       target logits as bfloat16 / IEEE half (draft rows stay f32)
   --block             sampled requests use block verification (Rule::Block)
   --rows R            logit rows: normal (2·N(0,1), default), peaked (shaped like a small
@@ -1949,6 +1955,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             }
             "--top-p" => cfg.top_p = parse_one("--top-p", &value()?)?,
             "--top-k" => cfg.top_k = parse_one("--top-k", &value()?)?,
+            "--min-p" => cfg.min_p = parse_one("--min-p", &value()?)?,
             "--reps" => cfg.reps = parse_one("--reps", &value()?)?,
             "--warm-s" => cfg.warm_s = parse_one("--warm-s", &value()?)?,
             "--rewarm-ms" => cfg.rewarm_ms = parse_one("--rewarm-ms", &value()?)?,
@@ -2029,6 +2036,12 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
         return Err(format!(
             "--top-p {}: must be in (0, 1]; 1 turns it off",
             cfg.top_p
+        ));
+    }
+    if !(0.0..=1.0).contains(&cfg.min_p) {
+        return Err(format!(
+            "--min-p {}: must be in [0, 1]; 0 turns it off",
+            cfg.min_p
         ));
     }
     if cfg.target_workgroups == 0 {
