@@ -44,13 +44,14 @@
 //   init                    (1, rows, sides): resets the slots (unfiltered rows: cut-off -inf)
 //   N x (scan, pick)
 //     scan   (slices, rows, sides): each workgroup reduces `cut_slice` entries of the row for the
-//            row's current stage (max, min-p bound, a histogram of value bins, or the gathering
+//            row's current stage (max, a histogram of value bins, or the gathering
 //            of the chosen bin) into workgroup memory, then adds its partial into the slot with
 //            integer atomics
-//     pick   (1, rows, sides): reads the totals, picks the bound / bin (after a gathering: the
-//            radix rounds over the list), clears the histogram and moves the row to its next
-//            stage; a row reaching DONE writes its cut-off
-// with N = 1 + [any min-p] + 2 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
+//     pick   (1, rows, sides): reads the totals, picks the bound / bin (after the max: min-p's
+//            bound, by bisection over the keys; after a gathering: the radix rounds over the
+//            list), clears the histogram and moves the row to its next stage; a row reaching
+//            DONE writes its cut-off
+// with N = 1 + 2 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
 // stages sit at DONE and their workgroups return at once: top-k with at most k candidates, and
 // top-k followed by top-p where every entry from top-k's chosen bin up fits the list (top-k's
 // gathering then takes them all, and `pick` selects top-p's cut-off from that list right after
@@ -91,7 +92,7 @@ const KBIN_SHIFT: u32 = 20u;
 // holds is selected from the row itself. The histogram's 64-bit bins are (hi, lo)
 // pairs; a count fits lo alone.
 const S_MAX: u32 = 0u;     // max key of the row (atomicMax over the scans)
-const S_MIN: u32 = 1u;     // smallest key passing min-p (atomicMin over the scans)
+// Word 1 is unused.
 const S_STAGE: u32 = 2u;   // ST_*
 const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
 const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
@@ -109,12 +110,11 @@ const S_LIST: u32 = 528u;  // the chosen bin's keys (params.cut_list words)
 
 // Stages, in order; a row skips those its request does not ask for.
 const ST_MAX: u32 = 0u;
-const ST_MINP: u32 = 1u;
-const ST_KB: u32 = 2u; // top-k: the count histogram of its value bins
-const ST_KC: u32 = 3u; // top-k: the chosen bin's entries gathered, then selected by `pick`
-const ST_PB: u32 = 4u; // top-p: the mass histogram of its value bins
-const ST_PC: u32 = 5u; // top-p: the chosen bin's entries gathered, then selected by `pick`
-const ST_DONE: u32 = 6u;
+const ST_KB: u32 = 1u; // top-k: the count histogram of its value bins
+const ST_KC: u32 = 2u; // top-k: the chosen bin's entries gathered, then selected by `pick`
+const ST_PB: u32 = 3u; // top-p: the mass histogram of its value bins
+const ST_PC: u32 = 4u; // top-p: the chosen bin's entries gathered, then selected by `pick`
+const ST_DONE: u32 = 5u;
 
 var<workgroup> h_lo: array<atomic<u32>, BINS>;
 var<workgroup> h_hi: array<atomic<u32>, BINS>;
@@ -243,12 +243,23 @@ fn max_key(acc: u32, x: f32) -> u32 {
     return max(acc, key_of(x));
 }
 
-// `acc` lowered to the key of x when x passes min-p: not NaN, not -inf, (x - m) / T >= ln(min_p).
-fn min_p_key(acc: u32, x: f32, m: f32, inv_t: f32, log_min_p: f32) -> u32 {
-    if (!is_nan(x) && !is_neg_inf(x) && (x - m) * inv_t >= log_min_p) {
-        return min(acc, key_of(x));
+// Min-p's bound for a row of max key `max_key` (finite): the least finite key whose value v
+// passes (v - m) / T >= ln(min_p). The test is monotone in v, so the entries at or above that
+// value are exactly those that pass: a bisection over the keys finds the bound without reading
+// the row. The twin bisects the same way (src/cpu/cutoff.rs), so the bound is the same bits.
+fn min_p_bound(max_key: u32, inv_t: f32, log_min_p: f32) -> u32 {
+    let m = value_of(max_key);
+    var lo = KEY_MIN_FINITE;
+    var hi = max_key;
+    while (lo < hi) {
+        let mid = lo + (hi - lo) / 2u;
+        if ((value_of(mid) - m) * inv_t >= log_min_p) {
+            hi = mid;
+        } else {
+            lo = mid + 1u;
+        }
     }
-    return acc;
+    return lo;
 }
 
 // `acc` lowered to the key of x unless x is NaN or -inf (never a candidate: a row masked with
@@ -401,9 +412,6 @@ fn row_len(side: u32) -> u32 {
 // The stage after `s` for a request: the next control it sets, DONE when none.
 fn next_stage(s: u32, info: ReqInfo) -> u32 {
     var t = s + 1u;
-    if (t == ST_MINP && is_neg_inf(info.log_min_p)) {
-        t = ST_KB;
-    }
     if (t == ST_KB && info.top_k == 0u) {
         t = ST_PB;
     }
@@ -493,7 +501,6 @@ fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     atomicStore(&state[at + S_HIST_HI + lane], 0u);
     if (lane == 0u) {
         atomicStore(&state[at + S_MAX], 0u);
-        atomicStore(&state[at + S_MIN], 0xffffffffu);
         atomicStore(&state[at + S_RMIN], 0xffffffffu);
         atomicStore(&state[at + S_STAGE], ST_MAX);
         atomicStore(&state[at + S_KBASE], KEY_MIN_FINITE);
@@ -521,7 +528,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             w_all = atomicLoad(&state[at + S_KALL]);
         }
         w_stage = stage;
-        atomicStore(&red_key, select(0u, 0xffffffffu, stage == ST_MINP));
+        atomicStore(&red_key, 0u);
         atomicStore(&red_min, 0xffffffffu);
         atomicStore(&l_cnt, 0u);
         atomicStore(&l_kmin, 0xffffffffu);
@@ -558,25 +565,6 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let m = value_of(w_max);
-    if (stage == ST_MINP) {
-        // min-p: the smallest key passing (l - m) / T >= ln(min_p) (an upper set: the test is
-        // monotone in l).
-        var local_min = 0xffffffffu;
-        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-            let v = load4(side, base, y, end);
-            let lp = info.log_min_p;
-            local_min = min_p_key(local_min, v.x, m, inv_t, lp);
-            local_min = min_p_key(local_min, v.y, m, inv_t, lp);
-            local_min = min_p_key(local_min, v.z, m, inv_t, lp);
-            local_min = min_p_key(local_min, v.w, m, inv_t, lp);
-        }
-        atomicMin(&red_key, local_min);
-        workgroupBarrier();
-        if (lane == 0u) {
-            atomicMin(&state[at + S_MIN], atomicLoad(&red_key));
-        }
-        return;
-    }
     // The gathering of the chosen bin (ST_KC, ST_PC), or the histogram of the value bins of the
     // keys >= kbase (ST_KB, ST_PB).
     let kbase = w_kbase;
@@ -825,18 +813,16 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
     }
 }
 
-// Lane 0 of `pick` after the max or the min-p scan: the row's next stage, and min-p's bound as
-// the new kbase (a non-finite max cuts nothing: kbase is still KEY_MIN_FINITE then).
-fn pick_bound(at: u32, stage: u32, info: ReqInfo) {
-    var next = next_stage(stage, info);
+// Lane 0 of `pick` after the max scan: the row's next stage, and min-p's bound as the new kbase
+// (a non-finite max cuts nothing: kbase is still KEY_MIN_FINITE then).
+fn pick_bound(at: u32, info: ReqInfo) {
+    var next = next_stage(ST_MAX, info);
     var kbase = atomicLoad(&state[at + S_KBASE]);
-    if (stage == ST_MAX) {
-        let max_key = atomicLoad(&state[at + S_MAX]);
-        if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
-            next = ST_DONE;
-        }
-    } else {
-        kbase = atomicLoad(&state[at + S_MIN]);
+    let max_key = atomicLoad(&state[at + S_MAX]);
+    if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
+        next = ST_DONE;
+    } else if (!is_neg_inf(info.log_min_p)) {
+        kbase = min_p_bound(max_key, info.inv_temperature, info.log_min_p);
         atomicStore(&state[at + S_KBASE], kbase);
     }
     set_stage(at, next, kbase, info.inv_temperature);
@@ -869,9 +855,9 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         finish_bin(lane, at, wid.y, side, info, stage);
         return;
     }
-    if (stage == ST_MAX || stage == ST_MINP) {
+    if (stage == ST_MAX) {
         if (lane == 0u) {
-            pick_bound(at, stage, info);
+            pick_bound(at, info);
         }
         return;
     }

@@ -395,6 +395,53 @@ fn top_k_cut_offs_past_the_bins_equal_the_twin() {
     }
 }
 
+/// Min-p's bound is the least float that passes: rows holding the max and the 80 consecutive
+/// floats around the threshold m + T · ln(min_p), at several T and min_p. The entries kept must
+/// be exactly those x with (x − m) · (1 / T) ≥ ln(min_p) in f32 (the library's inverse
+/// temperature and logarithm), the cut-off must pass while the float below it fails, and the GPU's
+/// cut-offs must equal the twin's bit for bit.
+#[test]
+fn min_p_keeps_exactly_the_entries_that_pass_at_the_boundary() {
+    let vocab = 200usize;
+    let m = 3.0f32;
+    for (t, min_p) in [(1.0f32, 0.1f32), (0.7, 0.05), (1.3, 0.5), (2.0, 0.01)] {
+        let inv_t = 1.0f32 / t;
+        let lp = f64::from(min_p).ln() as f32;
+        let passes = |x: f32| (x - m) * inv_t >= lp;
+        let mut row = vec![-30.0f32; vocab];
+        row[0] = m;
+        let mut x = m + lp * t;
+        for _ in 0..40 {
+            x = x.next_down();
+        }
+        for y in &mut row[1..=80] {
+            *y = x;
+            x = x.next_up();
+        }
+        let (mut o, _) = batch(71, vocab, 1);
+        o.target = [row.clone(), row.clone()].concat();
+        o.draft = row.clone();
+        o.requests[0].params = SamplingParams::seeded(t, 5).with_min_p(min_p);
+        let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+        let c = a[0];
+        assert!(
+            passes(c) && !passes(c.next_down()),
+            "T = {t}, min_p = {min_p}: the cut-off {c} is not the least passing value"
+        );
+        let kept: Vec<bool> = row.iter().map(|&x| x >= c).collect();
+        let want: Vec<bool> = row.iter().map(|&x| passes(x)).collect();
+        assert_eq!(kept, want, "T = {t}, min_p = {min_p}, cut-off {c}");
+        assert!(
+            kept[1..=80].iter().any(|&k| k) && !kept[1..=80].iter().all(|&k| k),
+            "the boundary lies inside the window"
+        );
+        if let Some(g) = gpu() {
+            let b = g.cutoffs_blocking(&o.batch()).unwrap();
+            assert_eq!(bit_differences(&a, &b), 0, "T = {t}: {a:?} vs {b:?}");
+        }
+    }
+}
+
 #[test]
 fn a_262144_vocabulary() {
     let vocab = 262_144;

@@ -99,6 +99,24 @@ fn radix_select(
     prefix
 }
 
+/// Min-p's bound for a row of finite max key `max_key`: the least finite key whose value `v`
+/// passes `(v − m) / T ≥ ln(min_p)`, by the kernel's bisection over the keys. The test is
+/// monotone in `v`, so the entries at or above the bound are exactly those that pass; the row
+/// is not read.
+fn min_p_bound(max_key: u32, inv_t: f32, log_min_p: f32) -> u32 {
+    let m = value_of(max_key);
+    let (mut lo, mut hi) = (KEY_MIN_FINITE, max_key);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if (value_of(mid) - m) * inv_t >= log_min_p {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// The cut-off of `row` for request `info` (−inf: nothing cut). Entries `< cut` are masked.
 pub fn row_cutoff(row: &[f32], info: &ReqInfo) -> f32 {
     let inv_t = info.inv_temperature;
@@ -114,14 +132,7 @@ pub fn row_cutoff(row: &[f32], info: &ReqInfo) -> f32 {
     let m = value_of(max_key);
     let mut kbase = KEY_MIN_FINITE;
     if info.log_min_p != f32::NEG_INFINITY {
-        kbase = row
-            .iter()
-            .filter(|&&x| {
-                !x.is_nan() && x != f32::NEG_INFINITY && (x - m) * inv_t >= info.log_min_p
-            })
-            .map(|&x| key_of(x))
-            .min()
-            .unwrap_or(u32::MAX);
+        kbase = min_p_bound(max_key, inv_t, info.log_min_p);
     }
     if info.top_k != 0 {
         kbase = radix_select(row, kbase, Some(info.top_k), 1.0, m, inv_t);

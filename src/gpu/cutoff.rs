@@ -38,8 +38,8 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 
 /// The cutoff pass's grid: its scratch slots (target rows, then draft rows), the entries per scan
 /// workgroup, the scan workgroups per row, the sides (draft-logit rows are cut too) and the
-/// (scan, pick) rounds: max, then min-p, two top-k and two top-p rounds when some request of
-/// the batch asks for them (rows that need fewer wait at DONE, for free).
+/// (scan, pick) rounds: max (and min-p's bound), then two top-k and two top-p rounds when some
+/// request of the batch asks for them (rows that need fewer wait at DONE, for free).
 pub(super) struct CutShape {
     /// Entries per scan workgroup (also in every Params: the kernels read it).
     pub slice: u32,
@@ -75,8 +75,8 @@ impl CutShape {
         let slice = g.cut_slice(cut_len, cut_rows);
         let steps = {
             let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
-            1 + u32::from(filtered().any(|r| r.log_min_p != f32::NEG_INFINITY))
-                + 2 * u32::from(filtered().any(|r| r.top_k != 0))
+            // Min-p's bound comes from the max alone (the pick after the max scan).
+            1 + 2 * u32::from(filtered().any(|r| r.top_k != 0))
                 + 2 * u32::from(filtered().any(|r| r.top_p < 1.0))
         };
         let sides: u32 = if cut_logits { 2 } else { 1 };
