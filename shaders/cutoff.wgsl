@@ -313,8 +313,9 @@ struct Round {
     inv_t: f32,
     // The bins are top-k's (log_bin) instead of top-p's (bin_digit).
     log_bins: bool,
-    // The gathering takes every bin from the chosen one (prefix) up, not that bin alone.
-    at_least: bool,
+    // The gathering takes the bins from the chosen one (prefix) up to this one: the chosen bin
+    // alone, or every bin up to 255 (top-k before top-p, S_KALL).
+    top_bin: u32,
     scale: f32,
     // Only entries of this value bin are candidates (NO_INDEX: any).
     only_bin: u32,
@@ -381,7 +382,7 @@ fn radix_add(r: Round, x: f32) {
 }
 
 // Collects entry x into the workgroup's list when it is a candidate in the chosen value bin
-// (r.prefix; or above it, with r.at_least; past LOCAL_CAP straight into the list of the slot at
+// (r.prefix; or above it, up to r.top_bin; past LOCAL_CAP straight into the list of the slot at
 // `at`), and widens the list's key range. `b` is x's value bin (computed by the caller's loop, one
 // per control).
 fn gather(r: Round, at: u32, x: f32, b: u32) {
@@ -389,7 +390,7 @@ fn gather(r: Round, at: u32, x: f32, b: u32) {
         return;
     }
     let kx = key_of(x);
-    if (kx < r.kbase || b < r.prefix || (b != r.prefix && !r.at_least)) {
+    if (kx < r.kbase || b < r.prefix || b > r.top_bin) {
         return;
     }
     atomicMin(&l_kmin, kx);
@@ -547,13 +548,21 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let inv_t = info.inv_temperature;
     let base = row_base(wid.y, side);
     if (stage == ST_MAX) {
-        // The row max (NaN skipped) and its least finite value.
+        // The row max (NaN skipped) and, for top-p, its least finite value (the span of the
+        // bins); one loop each, so that top-k and min-p do not pay for the minimum.
         var local_max = 0u;
         var local_min = 0xffffffffu;
-        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-            let v = load4(side, base, y, end);
-            local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
-            local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
+        if (info.top_p < 1.0) {
+            for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+                let v = load4(side, base, y, end);
+                local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+                local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
+            }
+        } else {
+            for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+                let v = load4(side, base, y, end);
+                local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+            }
         }
         atomicMax(&red_key, local_max);
         atomicMin(&red_min, local_min);
@@ -569,8 +578,9 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // keys >= kbase (ST_KB, ST_PB).
     let kbase = w_kbase;
     if (stage == ST_KC || stage == ST_PC) {
+        let top_bin = select(w_prefix, 255u, stage == ST_KC && w_all != 0u);
         let r = Round(kbase, w_prefix, 0u, 24u, stage == ST_PC, m, inv_t, stage == ST_KC,
-                      stage == ST_KC && w_all != 0u, w_scale, NO_INDEX);
+                      top_bin, w_scale, NO_INDEX);
         gather_bin(r, lane, at, side, base, begin, end);
         return;
     }
@@ -782,7 +792,7 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
     // bin test.
     let only_bin = select(w_digit, NO_INDEX, from_list);
     let t = Round(w_kbase, 0u, 0u, 24u, stage == ST_PC, value_of(w_max), info.inv_temperature,
-                  stage == ST_KC, false, w_scale, only_bin);
+                  stage == ST_KC, 0u, w_scale, only_bin);
     let base = row_base(local_row, side);
     let len = row_len(side);
     radix_rounds(lane, at, t, first_round, from_list, count, 1.0, side, base, len);
