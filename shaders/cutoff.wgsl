@@ -55,8 +55,8 @@
 // stages sit at DONE and their workgroups return at once: top-k with at most k candidates, and
 // top-k followed by top-p where every entry from top-k's chosen bin up fits the list (top-k's
 // gathering then takes them all, and `pick` selects top-p's cut-off from that list right after
-// top-k's, without reading the row again). Side (z) 0 is the target row, side 1 the draft row scored at it (draft logits
-// only; otherwise z has one value).
+// top-k's, without reading the row again). Side (z) 0 is the target row, side 1 the draft row
+// scored at it (draft logits only; otherwise z has one value).
 
 // Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
@@ -441,10 +441,10 @@ fn cut_of(kbase: u32) -> f32 {
     return value_of(kbase);
 }
 
-// The scan of ST_KC / ST_PC: the entries of the chosen bin (the slot's prefix after ST_KB / ST_PB) in
-// this workgroup's slice, added to the slot's list with one global atomic for the workgroup's
-// first LOCAL_CAP (the slot's count may pass params.cut_list: `pick` then reads the row), and
-// the bin's key range. Called in uniform control flow (barriers).
+// The scan of ST_KC / ST_PC: the entries of the chosen bin (the slot's prefix after ST_KB /
+// ST_PB; with r.top_bin, the bins above it too) in this workgroup's slice, added to the slot's
+// list with one global atomic for the workgroup's first LOCAL_CAP (the slot's count may pass
+// params.cut_list: `pick` then reads the row), and the list's key range. Called in uniform control flow (barriers).
 fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32) {
     if (r.log_bins) {
         for (var y = begin + 4u * lane; y < end; y += 4u * WG) {

@@ -1,7 +1,7 @@
 //! Pass 1: cutoff (`shaders/cutoff.wgsl`). For batches where some request sets top-k / top-p /
-//! min-p, finds every filtered row's cut-off by a select over value bins: reads the caller's target (and
-//! draft-logit) rows and the request table, writes `cutoffs` (one f32 per row) through the
-//! `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below the cut-off.
+//! min-p, finds every filtered row's cut-off by a select over value bins: reads the caller's
+//! target (and draft-logit) rows and the request table, writes `cutoffs` (one f32 per row)
+//! through the `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below the cut-off.
 
 use super::bindings::{entry, params_entry, with_params};
 use super::shape::Shape;
@@ -54,8 +54,8 @@ pub(super) struct CutShape {
     pub groups: Vec<(usize, usize, usize)>,
     /// Target rows per group (`CUT_GROUP_ROWS`, or fewer where the scratch would not fit).
     pub group_rows: usize,
-    /// Words of each slot's list of the chosen bin's candidates (also in every Params: the kernels read
-    /// it).
+    /// Words of each slot's list of the chosen bin's candidates (also in every Params: the
+    /// kernels read it).
     pub list: u32,
     /// Params slots to reserve for the groups: a bound on `groups.len()` (0 when no request
     /// filters).
@@ -163,8 +163,8 @@ fn group_rows(g: &GpuBackend, sides: u32) -> usize {
     (scratch_budget(g) / per_row).clamp(1, CUT_GROUP_ROWS as u64) as usize
 }
 
-/// Words of each slot's list of the chosen bin's keys for groups of `rows` target rows: what the budget leaves
-/// per slot, but no more than a row's `len` entries (and at least 4).
+/// Words of each slot's list of the chosen bin's keys for groups of `rows` target rows: what the
+/// budget leaves per slot, but no more than a row's `len` entries (and at least 4).
 fn list_words(g: &GpuBackend, rows: usize, sides: u32, len: u32) -> u32 {
     let slots = (rows.max(1) as u64) * u64::from(sides);
     let per_slot = scratch_budget(g) / 4 / slots;
