@@ -1,9 +1,10 @@
 //! CPU twin of `shaders/cutoff.wgsl`: the logit cut-off of a row under top-k / top-p / min-p,
 //! by radix select over order-preserving keys with the kernel's integer sums, so it gives the
-//! GPU's cut-off (the masses differ only where the two `exp`s differ by an ulp). For top-p the
-//! kernel first narrows the search to one bin of values and selects within it; the key it finds
-//! is by definition the one found here (the largest whose upper set weighs the target), so the
-//! twin keeps the plain four rounds over the row.
+//! GPU's cut-off (the masses differ only where the two `exp`s differ by an ulp). For top-k and
+//! top-p the kernel first narrows the search to one bin of values (or, for top-p after top-k, to
+//! top-k's gathered entries) and selects within it; the key it finds is by definition the one
+//! found here (the largest whose upper set weighs the target), so the twin keeps the plain four
+//! rounds over the row. Min-p's bound is the kernel's bisection over the keys.
 
 use crate::layout::ReqInfo;
 

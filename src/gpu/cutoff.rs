@@ -1,7 +1,8 @@
 //! Pass 1: cutoff (`shaders/cutoff.wgsl`). For batches where some request sets top-k / top-p /
 //! min-p, finds every filtered row's cut-off by a select over value bins: reads the caller's
 //! target (and draft-logit) rows and the request table, writes `cutoffs` (one f32 per row)
-//! through the `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below the cut-off.
+//! through the `cut_state` scratch. Row_stats, block_mass and residual_argmax then mask below
+//! the cut-off.
 
 use super::bindings::{entry, params_entry, with_params};
 use super::shape::Shape;
