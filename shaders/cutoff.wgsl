@@ -147,14 +147,9 @@ var<workgroup> w_acc_lo: u32;
 // Order-preserving key: a < b as floats (no NaN) iff key(a) < key(b); -0 maps to +0's key so
 // that the key order and the float comparison `l >= cut` agree everywhere.
 fn key_of(x: f32) -> u32 {
-    var b = bitcast<u32>(x);
-    if (b == 0x80000000u) {
-        b = 0u;
-    }
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
+    let b = bitcast<u32>(x);
+    let k = b ^ (bitcast<u32>(bitcast<i32>(b) >> 31u) | 0x80000000u);
+    return select(k, 0x80000000u, b == 0x80000000u);
 }
 
 fn value_of(k: u32) -> f32 {
@@ -237,10 +232,7 @@ fn load4(side: u32, base: u32, y: u32, end: u32) -> vec4<f32> {
 // `acc` raised to the key of x unless x is NaN. (The callers spell out the four entries of a
 // group: a vec4 indexed in a loop can end up in local memory.)
 fn max_key(acc: u32, x: f32) -> u32 {
-    if (is_nan(x)) {
-        return acc;
-    }
-    return max(acc, key_of(x));
+    return select(max(acc, key_of(x)), acc, is_nan(x));
 }
 
 // Min-p's bound for a row of max key `max_key` (finite): the least finite key whose value v
