@@ -6,7 +6,8 @@
 // of the earlier rows, so R_j cannot be summed in the same pass as the statistics. The verify
 // kernel's `main` entry stores ρ_j in row_stats[row].rho and leaves the request pending; this
 // pass sums the masses; verify's `block_settle` entry decides. Only batches with such requests
-// run it, and rows with ρ_j = 0 (mass 0) skip the read.
+// run it, and only the rows whose mass can change the decision (ROW_MASS_DUE, verify's
+// mark_due_masses) are read: the others skip the read.
 //
 // Dispatch `main`: x = chunk of the row (CHUNK entries), y = target row within the window; one
 // workgroup of CHUNK_LANES (64). Lane l sums the groups of entries 4(l + 64 i) + (0..3),
@@ -27,6 +28,8 @@
 @group(0) @binding(7) var<storage, read_write> masses: array<f32>;
 
 var<workgroup> sh_sum: array<f32, CHUNK_LANES>;
+// `main`: whether the workgroup's row is due (ROW_MASS_DUE), as a workgroup-uniform value.
+var<workgroup> wg_needed: u32;
 
 // What one term of the sum needs to know about the row.
 struct MassCtx {
@@ -100,21 +103,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let info = requests[ri.x];
     let st = row_stats[row];
     // Rows 1 .. k-1 of block requests (row 0 needs no mass: τ = 0 is the fallback), and only
-    // while ρ > 0 (else R = 0 and verify does not read it). Workgroup-uniform, but every lane
-    // still reaches the barriers below.
+    // those verify marked due (the others' R cannot change τ, and verify does not read it).
+    // The same in every lane; made uniform through one barrier, so that a workgroup with nothing
+    // to sum (most of them) returns before chunk_mass' six.
     let needed = (info.flags & REQ_BLOCK) != 0u && ri.y >= 1u && ri.y < info.num_drafts
-        && st.rho > 0.0;
+        && (st.flags & ROW_MASS_DUE) != 0u;
+    if (lane == 0u) {
+        wg_needed = select(0u, 1u, needed);
+    }
+    if (workgroupUniformLoad(&wg_needed) == 0u) {
+        return;
+    }
     var ctx = MassCtx(
         params.t_elem_base + (row - params.row_begin) * params.vocab,
         params.d_elem_base + (ri.w - params.d_row_begin) * params.draft_vocab,
         st.t_max, 1.0 / st.t_sum, st.q_max, 1.0 / st.q_sum, info.inv_temperature, st.rho,
         bitcast<f32>(NEG_INF_BITS), bitcast<f32>(NEG_INF_BITS));
-    if ((params.flags & PARAM_CUTOFF) != 0u && needed) {
+    if ((params.flags & PARAM_CUTOFF) != 0u) {
         ctx.cut = cutoffs[row];
         ctx.dcut = cutoffs[params.total_rows + ri.w];
     }
-    let partial = chunk_mass(ctx, chunk, lane, needed);
-    if (lane == 0u && needed) {
+    let partial = chunk_mass(ctx, chunk, lane, true);
+    if (lane == 0u) {
         masses[row * params.num_chunks + chunk] = partial;
     }
 }

@@ -151,6 +151,10 @@ const ROW_T_NAN: u32 = 1u;
 const ROW_T_POSINF: u32 = 2u;
 const ROW_Q_NAN: u32 = 4u;
 const ROW_Q_POSINF: u32 = 8u;
+// Block rule with a draft distribution: the row's mass R_j can change τ (verify marks it).
+const ROW_MASS_DUE: u32 = 16u;
+// A float R_j never exceeds ρ_j by this factor (verify.wgsl, mark_due_masses).
+const MASS_BOUND: f32 = 1.125;
 
 const TASK_NONE: u32 = 0u;
 const TASK_FROM_TARGET: u32 = 1u;     // sample from p (bonus row, or a residual with no usable q)

@@ -280,6 +280,43 @@ fn store_rhos(info: ReqInfo) {
     }
 }
 
+// Marks with ROW_MASS_DUE the rows j (1 <= j < k) of a block request with a draft distribution
+// whose mass R_j can change τ = max{ j : u_j <= h_j }; block_mass sums only those rows, so a
+// request reads its rows a second time only where the decision needs them. Three facts decide
+// it without any R_j:
+// - h_k = ρ_k needs no mass: with u_k <= ρ_k, τ = k whatever the R_j are, and no row is due.
+// - h_j = 1 where ρ_j = 1, whatever R_j (block_stop: R / (R + 0) = 1, or a denominator of 0):
+//   draft j is accepted for certain, so τ >= j and neither R_j nor the masses below matter.
+//   The walk down from k - 1 stops there.
+// - h_j <= ρ_j: R_j = Σ max(ρ_j p - q, 0) <= ρ_j Σ p = ρ_j, and R / (R + 1 - ρ) grows with R.
+//   In f32, R_j exceeds ρ_j by the rounding of its sum and of the row's normaliser and by exp's
+//   error (WGSL: 3 + 2|x| ulp), below 10^-3 relatively for any vocabulary up to 2^24 entries,
+//   and h's division adds a few ulp. So u_j > ρ_j · MASS_BOUND (1.125) rejects draft j for
+//   certain.
+// block_stop takes R = 0 for the rows not due: that gives h = 0 (rejected) where ρ < 1, the same
+// decision. ρ_j = 0 gives R_j = 0 and h_j = 0: never due. The twin marks the same rows
+// (src/cpu/verify.rs), so τ and the masses' buffer agree bit for bit.
+fn mark_due_masses(info: ReqInfo) {
+    let k = info.num_drafts;
+    if (k == 0u) {
+        return;
+    }
+    let u_k = uniform_open(random_words(info, row_position(info, k - 1u), STREAM_ACCEPT, 0u).x);
+    if (u_k <= row_stats[info.row_offset + k].rho) {
+        return;
+    }
+    for (var j = k - 1u; j >= 1u; j -= 1u) {
+        let rho = row_stats[info.row_offset + j].rho;
+        if (rho == 1.0) {
+            return;
+        }
+        let u = uniform_open(random_words(info, row_position(info, j - 1u), STREAM_ACCEPT, 0u).x);
+        if (rho > 0.0 && u <= rho * MASS_BOUND) {
+            row_stats[info.row_offset + j].flags |= ROW_MASS_DUE;
+        }
+    }
+}
+
 // R_j of a draft distribution: the chunk partials of block_mass, folded in chunk order.
 fn folded_mass(row: u32) -> f32 {
     let base = row * params.num_chunks;
@@ -293,7 +330,8 @@ fn folded_mass(row: u32) -> f32 {
 // Block verification (SPEC §3 rule 5): the number of drafts kept, tau = max{ j : u_j <= h_j }
 // (0 if none), from the stored ρ_j. h_j = R_j / (R_j + 1 - ρ_j) (1 when the denominator is 0)
 // for j < k, h_k = ρ_k. R_j is ρ_j (1 - p_j(d_j)) for one-hot drafts (closed form), else the
-// mass from block_mass (0 when ρ_j = 0: nothing was summed). Sequential in j.
+// mass from block_mass for the rows it summed (ROW_MASS_DUE), 0 for the others: they are not
+// accepted either way (mark_due_masses). Sequential in j.
 fn block_stop(info: ReqInfo) -> u32 {
     let k = info.num_drafts;
     var tau = 0u;
@@ -305,10 +343,12 @@ fn block_stop(info: ReqInfo) -> u32 {
             if (params.draft_kind == DRAFT_NONE) {
                 let d_next = draft_ids[info.draft_offset + j];
                 r = rho * (1.0 - p_at_draft(info, row_stats[info.row_offset + j], d_next));
-            } else if (rho > 0.0) {
+            } else if ((row_stats[info.row_offset + j].flags & ROW_MASS_DUE) != 0u) {
                 r = folded_mass(info.row_offset + j);
             }
-            let den = r + 1.0 - rho;
+            // 1 - ρ first: exact for ρ >= 1/2, and h = 1 exactly where ρ = 1 (mark_due_masses
+            // relies on it); (r + 1) - ρ would cancel where r is small.
+            let den = r + (1.0 - rho);
             h = 1.0;
             if (den > 0.0) {
                 h = r / den;
@@ -440,6 +480,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         store_rhos(info);
         if (params.draft_kind == DRAFT_NONE) {
             atomicStore(&first_stop, block_stop(info));
+        } else {
+            mark_due_masses(info);
         }
     }
     storageBarrier();

@@ -39,6 +39,12 @@ pub const ROW_T_POSINF: u32 = 2;
 pub const ROW_Q_NAN: u32 = 4;
 /// `RowStats::flags`: a +inf draft logit.
 pub const ROW_Q_POSINF: u32 = 8;
+/// `RowStats::flags`: block rule with a draft distribution, the row's mass `R_j` can change
+/// τ, so block_mass sums it (set by verify, `mark_due_masses`).
+pub const ROW_MASS_DUE: u32 = 16;
+/// A float `R_j` never exceeds `ρ_j` by this factor: a draft whose accept uniform is above
+/// `ρ_j · MASS_BOUND` is rejected whatever `R_j` is (`mark_due_masses`).
+pub const MASS_BOUND: f32 = 1.125;
 
 /// `Task::kind`: nothing left to sample.
 pub const TASK_NONE: u32 = 0;

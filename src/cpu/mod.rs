@@ -126,8 +126,14 @@ pub(crate) fn run(
         .map(|r| verify::request(plan, r, &mut stats, &mut words))
         .collect();
     if tasks.iter().any(|t| t.kind == TASK_PENDING_BLOCK) {
-        // Block requests with a draft distribution: the masses R_j of their rows 1 .. k−1
-        // (where ρ > 0), then the joint decision, as block_mass and block_settle do.
+        // Block requests with a draft distribution: the rows 1 .. k−1 whose mass R_j can change
+        // the decision (`ROW_MASS_DUE`, as verify's `main` marks them), their masses, then the
+        // joint decision, as block_mass and block_settle do.
+        for (r, task) in tasks.iter().enumerate() {
+            if task.kind == TASK_PENDING_BLOCK {
+                verify::mark_due_masses(&plan.reqs[r], &mut stats, MASS_BOUND);
+            }
+        }
         let mut masses = vec![f32::NAN; plan.total_rows];
         parallel_chunks(&mut masses, shape.threads, |first, chunk| {
             for (i, m) in chunk.iter_mut().enumerate() {
@@ -137,7 +143,7 @@ pub(crate) fn run(
                 if tasks[r as usize].kind != TASK_PENDING_BLOCK
                     || k_row == 0
                     || k_row >= info.num_drafts
-                    || stats[g].rho <= 0.0
+                    || stats[g].flags & ROW_MASS_DUE == 0
                 {
                     continue;
                 }

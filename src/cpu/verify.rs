@@ -166,10 +166,34 @@ fn store_rhos(plan: &Plan, info: &ReqInfo, stats: &mut [RowStats]) {
     }
 }
 
+/// Marks with `ROW_MASS_DUE` the rows j (1 ≤ j < k) of a block request with a draft
+/// distribution whose mass R_j can change τ (mirrors `mark_due_masses` in the WGSL, which gives
+/// the reasons): none when u_k ≤ ρ_k (τ = k); else, walking down from k − 1 and stopping at the
+/// first row with ρ_j = 1 (h_j = 1: accepted whatever R_j), those with ρ_j > 0 and
+/// u_j ≤ ρ_j · `bound` (`MASS_BOUND`; `h_j ≤ ρ_j` up to rounding). A test passes a smaller
+/// bound as a negative control.
+pub(crate) fn mark_due_masses(info: &ReqInfo, stats: &mut [RowStats], bound: f32) {
+    let k = info.num_drafts;
+    let base = info.row_offset as usize;
+    if k == 0 || accept_uniform(info, k - 1) <= stats[base + k as usize].rho {
+        return;
+    }
+    for j in (1..k).rev() {
+        let st = &mut stats[base + j as usize];
+        if st.rho == 1.0 {
+            return;
+        }
+        if st.rho > 0.0 && accept_uniform(info, j - 1) <= st.rho * bound {
+            st.flags |= ROW_MASS_DUE;
+        }
+    }
+}
+
 /// Block verification (SPEC §3 rule 5): the number of drafts kept, τ = max{ j : u_j ≤ h_j }
 /// (0 if none), from the stored ρ_j, mirroring `block_stop` in the WGSL. h_j = R_j / (R_j + 1 −
 /// ρ_j) (1 when the denominator is 0) for j < k, h_k = ρ_k; R_j = ρ_j (1 − p_j(d_j)) for one-hot
-/// drafts (closed form), else `masses[row]` from the block_mass twin (0 when ρ_j = 0).
+/// drafts (closed form), else `masses[row]` from the block_mass twin for the rows it summed
+/// (`ROW_MASS_DUE`), 0 for the others (not accepted either way, [`mark_due_masses`]).
 pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, stats: &[RowStats], masses: &[f32]) -> u32 {
     let k = info.num_drafts;
     let mut tau = 0;
@@ -180,12 +204,13 @@ pub(crate) fn block_stop(plan: &Plan, info: &ReqInfo, stats: &[RowStats], masses
             let r = if plan.draft_kind == DRAFT_NONE {
                 let d_next = plan.draft_ids[(info.draft_offset + j) as usize];
                 rho * (1.0 - p_at_draft(info, &stats[g], d_next))
-            } else if rho > 0.0 {
+            } else if stats[g].flags & ROW_MASS_DUE != 0 {
                 masses[g]
             } else {
                 0.0
             };
-            let den = r + 1.0 - rho;
+            // 1 − ρ first, as the kernel: h = 1 exactly where ρ = 1 (`mark_due_masses`).
+            let den = r + (1.0 - rho);
             if den > 0.0 {
                 r / den
             } else {
@@ -349,3 +374,156 @@ pub(crate) const STATUS_TARGET_NONFINITE: u32 = 1;
 pub(crate) const STATUS_DRAFT_NONFINITE: u32 = 2;
 pub(crate) const STATUS_EMPTY_RESIDUAL: u32 = 4;
 pub(crate) const STATUS_ALL_MASKED: u32 = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Fault, Request, Rule, SamplingParams, Shape};
+    use crate::cpu::{block_mass, cutoffs, row_cuts, row_input, row_stats};
+
+    /// A block batch with draft probabilities whose drafts range from near copies of the
+    /// target (ρ near 1, where the bound is tight) to unrelated rows (ρ near 0): target logits
+    /// 2·N(0, 1)-like, draft logits the target's plus noise of scale `[0.02, 0.2, 1, 4][r % 4]`,
+    /// drafts the draft's argmax or a random token.
+    struct Case {
+        plan: Plan,
+        target: Vec<f32>,
+        draft: Vec<f32>,
+    }
+
+    fn case(n: usize, k: u32, v: usize) -> Case {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut unit = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+        };
+        let mut normal = move || -> f32 { (0..4).map(|_| unit()).sum::<f32>() * 1.7 - 3.4 };
+        let (mut target, mut draft, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        let mut requests = Vec::new();
+        for r in 0..n {
+            let noise = [0.02f32, 0.2, 1.0, 4.0][r % 4];
+            for j in 0..=k {
+                let t: Vec<f32> = (0..v).map(|_| 2.0 * normal()).collect();
+                if j < k {
+                    let d: Vec<f32> = t.iter().map(|x| x + noise * normal()).collect();
+                    let m = d.iter().cloned().fold(f32::MIN, f32::max);
+                    let e: Vec<f32> = d.iter().map(|x| (x - m).exp()).collect();
+                    let sum: f32 = e.iter().sum();
+                    let top = d.iter().position(|&x| x == m).unwrap();
+                    let pick = (normal().abs() * 40.0) as usize % v;
+                    ids.push(if (r / 4) % 2 == 0 { top } else { pick } as i32);
+                    draft.extend(e.iter().map(|x| x / sum));
+                }
+                target.extend(t);
+            }
+            requests.push(Request {
+                num_drafts: k,
+                params: SamplingParams {
+                    rule: Rule::Block,
+                    ..SamplingParams::seeded([1.0, 0.7][r % 2], r as u64)
+                },
+                position: 17 * r as u64,
+            });
+        }
+        let shape = Shape {
+            vocab: v as u32,
+            requests: &requests,
+            draft_ids: &ids,
+            draft_kind: DRAFT_PROBS,
+            draft_vocab: None,
+            rates: None,
+        };
+        let plan = Plan::new(&shape, Fault::None, || 0).expect("plan");
+        Case {
+            plan,
+            target,
+            draft,
+        }
+    }
+
+    /// τ of every request with the masses of `due` rows only (the others NaN, so that reading
+    /// one would show), against τ with every mass summed; returns (differences, rows summed,
+    /// rows that the full rule sums).
+    fn compare(c: &Case, bound: f32) -> (usize, usize, usize) {
+        let plan = &c.plan;
+        let v = plan.vocab as usize;
+        let cuts = cutoffs(plan, &c.target, Some(&c.draft));
+        let mut stats: Vec<RowStats> = (0..plan.total_rows)
+            .map(|g| {
+                row_stats::row(&row_input(
+                    plan,
+                    g,
+                    &c.target,
+                    Some(&c.draft),
+                    (&cuts, false),
+                ))
+            })
+            .collect();
+        let mut words = vec![0u32; plan.out_words()];
+        for r in 0..plan.num_requests() {
+            assert_eq!(
+                request(plan, r, &mut stats, &mut words).kind,
+                TASK_PENDING_BLOCK
+            );
+        }
+        let mass = |st: &RowStats, g: usize| {
+            let info = &plan.reqs[plan.row_info[g][0] as usize];
+            let d_row = plan.row_info[g][3] as usize;
+            let q = &c.draft[d_row * v..(d_row + 1) * v];
+            let t = &c.target[g * v..(g + 1) * v];
+            block_mass::row_mass(plan, info, st, t, q, row_cuts(plan, &cuts, g))
+        };
+        let (mut diffs, mut lazy_rows, mut full_rows) = (0, 0, 0);
+        // Each request marks and reads only its own rows.
+        let (mut full, mut lazy) = (stats.clone(), stats);
+        let mut full_masses = vec![f32::NAN; plan.total_rows];
+        let mut lazy_masses = vec![f32::NAN; plan.total_rows];
+        for info in &plan.reqs {
+            let rows = info.row_offset as usize..(info.row_offset + info.num_drafts + 1) as usize;
+            for g in rows.clone().skip(1).take(info.num_drafts as usize - 1) {
+                if full[g].rho > 0.0 {
+                    full[g].flags |= ROW_MASS_DUE;
+                    full_masses[g] = mass(&full[g], g);
+                    full_rows += 1;
+                }
+            }
+            mark_due_masses(info, &mut lazy, bound);
+            for g in rows {
+                if lazy[g].flags & ROW_MASS_DUE != 0 {
+                    lazy_masses[g] = mass(&lazy[g], g);
+                    lazy_rows += 1;
+                }
+            }
+            let want = block_stop(plan, info, &full, &full_masses);
+            if block_stop(plan, info, &lazy, &lazy_masses) != want {
+                diffs += 1;
+            }
+        }
+        (diffs, lazy_rows, full_rows)
+    }
+
+    /// The block rule sums only the masses that can change τ, and τ is the one every mass
+    /// gives, on 4,000 requests from near copies to unrelated drafts; a bound below ρ (a rule
+    /// that skips masses it needs) must change some τ.
+    #[test]
+    fn masses_are_summed_only_where_they_can_change_the_decision() {
+        let c = case(4000, 6, 96);
+        let (diffs, lazy_rows, full_rows) = compare(&c, MASS_BOUND);
+        assert_eq!(diffs, 0, "τ changed where a mass was skipped");
+        assert!(
+            lazy_rows * 2 < full_rows,
+            "{lazy_rows} of {full_rows} masses summed: the rule skips too few to matter"
+        );
+        assert!(
+            lazy_rows > 0,
+            "no mass summed: the test never exercises the bound"
+        );
+        let (bad, _, _) = compare(&c, 0.5);
+        assert!(
+            bad > 0,
+            "a bound of 0.5 skips needed masses, yet every τ agreed"
+        );
+    }
+}
