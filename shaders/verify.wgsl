@@ -296,25 +296,30 @@ fn store_rhos(info: ReqInfo) {
 // block_stop takes R = 0 for the rows not due: that gives h = 0 (rejected) where ρ < 1, the same
 // decision. ρ_j = 0 gives R_j = 0 and h_j = 0: never due. The twin marks the same rows
 // (src/cpu/verify.rs), so τ and the masses' buffer agree bit for bit.
-fn mark_due_masses(info: ReqInfo) {
+// Returns whether some row is due: where none is, verify decides at once (block_stop reads no
+// mass) and the request skips block_mass and block_settle.
+fn mark_due_masses(info: ReqInfo) -> bool {
     let k = info.num_drafts;
     if (k == 0u) {
-        return;
+        return false;
     }
     let u_k = uniform_open(random_words(info, row_position(info, k - 1u), STREAM_ACCEPT, 0u).x);
     if (u_k <= row_stats[info.row_offset + k].rho) {
-        return;
+        return false;
     }
+    var any = false;
     for (var j = k - 1u; j >= 1u; j -= 1u) {
         let rho = row_stats[info.row_offset + j].rho;
         if (rho == 1.0) {
-            return;
+            break;
         }
         let u = uniform_open(random_words(info, row_position(info, j - 1u), STREAM_ACCEPT, 0u).x);
         if (rho > 0.0 && u <= rho * MASS_BOUND) {
             row_stats[info.row_offset + j].flags |= ROW_MASS_DUE;
+            any = true;
         }
     }
+    return any;
 }
 
 // R_j of a draft distribution: the chunk partials of block_mass, folded in chunk order.
@@ -376,6 +381,8 @@ var<workgroup> g_arg: array<atomic<u32>, 64>;
 var<workgroup> g_flags: array<atomic<u32>, 64>;
 // The request's row count and whether it is greedy, as workgroup-uniform values.
 var<workgroup> wg_req: vec2<u32>;
+// 1: a block request whose decision waits for block_mass (some mass is due).
+var<workgroup> wg_pending: u32;
 
 // WIDE (all-greedy batches whose requests have many chunk partials): `main` takes the device's
 // workgroup size, so the greedy merge's loops wait out fewer rounds of loads (a memory latency
@@ -476,18 +483,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     storageBarrier();
     workgroupBarrier();
     let block = block_rule && !greedy && atomicLoad(&any_nonfinite) == 0u;
+    if (lane == 0u) {
+        wg_pending = 0u;
+    }
     if (block && lane == 0u) {
         store_rhos(info);
-        if (params.draft_kind == DRAFT_NONE) {
+        // One-hot drafts, and draft distributions whose decision needs no mass, decide here.
+        if (params.draft_kind == DRAFT_NONE || !mark_due_masses(info)) {
             atomicStore(&first_stop, block_stop(info));
         } else {
-            mark_due_masses(info);
+            wg_pending = 1u;
         }
     }
     storageBarrier();
     workgroupBarrier();
-    if (block && params.draft_kind != DRAFT_NONE) {
-        // R_j needs another pass over the rows: block_mass, then block_settle, finish it.
+    if (wg_pending != 0u) {
+        // Some R_j can change τ: block_mass sums it, then block_settle finishes the request.
         if (lane == 0u) {
             tasks[r] = Task(TASK_PENDING_BLOCK, 0u, -1, info.out_offset);
         }

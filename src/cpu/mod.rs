@@ -126,14 +126,9 @@ pub(crate) fn run(
         .map(|r| verify::request(plan, r, &mut stats, &mut words))
         .collect();
     if tasks.iter().any(|t| t.kind == TASK_PENDING_BLOCK) {
-        // Block requests with a draft distribution: the rows 1 .. k−1 whose mass R_j can change
-        // the decision (`ROW_MASS_DUE`, as verify's `main` marks them), their masses, then the
-        // joint decision, as block_mass and block_settle do.
-        for (r, task) in tasks.iter().enumerate() {
-            if task.kind == TASK_PENDING_BLOCK {
-                verify::mark_due_masses(&plan.reqs[r], &mut stats, MASS_BOUND);
-            }
-        }
+        // Block requests with a draft distribution whose decision needs some mass: the masses
+        // of the rows verify marked (`ROW_MASS_DUE`), then the joint decision, as block_mass and
+        // block_settle do.
         let mut masses = vec![f32::NAN; plan.total_rows];
         parallel_chunks(&mut masses, shape.threads, |first, chunk| {
             for (i, m) in chunk.iter_mut().enumerate() {
