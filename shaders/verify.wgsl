@@ -296,21 +296,24 @@ fn store_rhos(info: ReqInfo) {
 // block_stop takes R = 0 for the rows not due: that gives h = 0 (rejected) where ρ < 1, the same
 // decision. ρ_j = 0 gives R_j = 0 and h_j = 0: never due. The twin marks the same rows
 // (src/cpu/verify.rs), so τ and the masses' buffer agree bit for bit.
-// Returns whether some row is due: where none is, verify decides at once (block_stop reads no
-// mass) and the request skips block_mass and block_settle.
-fn mark_due_masses(info: ReqInfo) -> bool {
+// Returns NO_INDEX when some row is due; otherwise τ, which the walk has then decided (block_stop
+// gives the same: k where u_k <= ρ_k, else the row the walk stopped at (ρ = 1, h = 1), else 0,
+// every other row being rejected), and the request skips block_mass and block_settle.
+fn mark_due_masses(info: ReqInfo) -> u32 {
     let k = info.num_drafts;
     if (k == 0u) {
-        return false;
+        return 0u;
     }
     let u_k = uniform_open(random_words(info, row_position(info, k - 1u), STREAM_ACCEPT, 0u).x);
     if (u_k <= row_stats[info.row_offset + k].rho) {
-        return false;
+        return k;
     }
     var any = false;
+    var tau = 0u;
     for (var j = k - 1u; j >= 1u; j -= 1u) {
         let rho = row_stats[info.row_offset + j].rho;
         if (rho == 1.0) {
+            tau = j;
             break;
         }
         let u = uniform_open(random_words(info, row_position(info, j - 1u), STREAM_ACCEPT, 0u).x);
@@ -319,7 +322,7 @@ fn mark_due_masses(info: ReqInfo) -> bool {
             any = true;
         }
     }
-    return any;
+    return select(tau, NO_INDEX, any);
 }
 
 // R_j of a draft distribution: the chunk partials of block_mass, folded in chunk order.
@@ -489,10 +492,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (block && lane == 0u) {
         store_rhos(info);
         // One-hot drafts, and draft distributions whose decision needs no mass, decide here.
-        if (params.draft_kind == DRAFT_NONE || !mark_due_masses(info)) {
+        if (params.draft_kind == DRAFT_NONE) {
             atomicStore(&first_stop, block_stop(info));
         } else {
-            wg_pending = 1u;
+            let tau = mark_due_masses(info);
+            if (tau == NO_INDEX) {
+                wg_pending = 1u;
+            } else {
+                atomicStore(&first_stop, tau);
+            }
         }
     }
     storageBarrier();

@@ -172,17 +172,22 @@ fn store_rhos(plan: &Plan, info: &ReqInfo, stats: &mut [RowStats]) {
 /// first row with ρ_j = 1 (h_j = 1: accepted whatever R_j), those with ρ_j > 0 and
 /// u_j ≤ ρ_j · `bound` (`MASS_BOUND`; `h_j ≤ ρ_j` up to rounding). A test passes a smaller
 /// bound as a negative control.
-/// Returns whether some row is due: where none is, [`request`] decides at once.
-pub(crate) fn mark_due_masses(info: &ReqInfo, stats: &mut [RowStats], bound: f32) -> bool {
+/// Returns `None` when some row is due; otherwise τ, which the walk has then decided (k where
+/// u_k ≤ ρ_k, else the row it stopped at, else 0), and [`request`] settles at once.
+pub(crate) fn mark_due_masses(info: &ReqInfo, stats: &mut [RowStats], bound: f32) -> Option<u32> {
     let k = info.num_drafts;
     let base = info.row_offset as usize;
-    if k == 0 || accept_uniform(info, k - 1) <= stats[base + k as usize].rho {
-        return false;
+    if k == 0 {
+        return Some(0);
     }
-    let mut any = false;
+    if accept_uniform(info, k - 1) <= stats[base + k as usize].rho {
+        return Some(k);
+    }
+    let (mut any, mut tau) = (false, 0);
     for j in (1..k).rev() {
         let st = &mut stats[base + j as usize];
         if st.rho == 1.0 {
+            tau = j;
             break;
         }
         if st.rho > 0.0 && accept_uniform(info, j - 1) <= st.rho * bound {
@@ -190,7 +195,7 @@ pub(crate) fn mark_due_masses(info: &ReqInfo, stats: &mut [RowStats], bound: f32
             any = true;
         }
     }
-    any
+    (!any).then_some(tau)
 }
 
 /// Block verification (SPEC §3 rule 5): the number of drafts kept, τ = max{ j : u_j ≤ h_j }
@@ -249,19 +254,25 @@ pub fn request(plan: &Plan, r: usize, stats: &mut [RowStats], out_words: &mut [u
         row_nonfinite(st) || (i < k && plan.draft_kind == DRAFT_LOGITS && draft_row_nonfinite(st))
     });
     let block = info.flags & REQ_BLOCK != 0 && info.flags & REQ_GREEDY == 0 && !any_nonfinite;
+    // Draft distributions wait for block_mass where some mass is due; the rest decide here.
+    let mut walked = None;
     if block {
         store_rhos(plan, info, stats);
-        // Draft distributions wait for block_mass where some mass is due; the rest decide here.
-        if plan.draft_kind != DRAFT_NONE && mark_due_masses(info, stats, MASS_BOUND) {
-            return Task {
-                kind: TASK_PENDING_BLOCK,
-                local_row: 0,
-                draft_token: -1,
-                slot: info.out_offset,
-            };
+        if plan.draft_kind != DRAFT_NONE {
+            walked = mark_due_masses(info, stats, MASS_BOUND);
+            if walked.is_none() {
+                return Task {
+                    kind: TASK_PENDING_BLOCK,
+                    local_row: 0,
+                    draft_token: -1,
+                    slot: info.out_offset,
+                };
+            }
         }
     }
-    let stop = if block {
+    let stop = if let Some(tau) = walked {
+        tau
+    } else if block {
         block_stop(plan, info, stats, &[])
     } else {
         (0..k)
@@ -272,7 +283,7 @@ pub fn request(plan: &Plan, r: usize, stats: &mut [RowStats], out_words: &mut [u
 }
 
 /// Finishes a block request left pending by [`request`] (verify's `block_settle` entry), with
-/// `masses[row]` the folded R of its rows 1 .. k−1 where ρ > 0.
+/// `masses[row]` the folded R of its rows marked `ROW_MASS_DUE`.
 pub fn block_settle(
     plan: &Plan,
     r: usize,
@@ -491,7 +502,7 @@ mod tests {
                     full_rows += 1;
                 }
             }
-            mark_due_masses(info, &mut lazy, bound);
+            let walked = mark_due_masses(info, &mut lazy, bound);
             for g in rows {
                 if lazy[g].flags & ROW_MASS_DUE != 0 {
                     lazy_masses[g] = mass(&lazy[g], g);
@@ -499,16 +510,19 @@ mod tests {
                 }
             }
             let want = block_stop(plan, info, &full, &full_masses);
-            if block_stop(plan, info, &lazy, &lazy_masses) != want {
+            // Where no row is due the walk has decided τ itself.
+            let got = walked.unwrap_or_else(|| block_stop(plan, info, &lazy, &lazy_masses));
+            if got != want || block_stop(plan, info, &lazy, &lazy_masses) != want {
                 diffs += 1;
             }
         }
         (diffs, lazy_rows, full_rows)
     }
 
-    /// The block rule sums only the masses that can change τ, and τ is the one every mass
-    /// gives, on 4,000 requests from near copies to unrelated drafts; a bound below ρ (a rule
-    /// that skips masses it needs) must change some τ.
+    /// The block rule sums only the masses that can change τ, and τ (from the masses summed, and
+    /// the walk's own where none is due) is the one every mass gives, on 4,000 requests from near
+    /// copies to unrelated drafts; a bound below ρ (a rule that skips masses it needs) must change
+    /// some τ.
     #[test]
     fn masses_are_summed_only_where_they_can_change_the_decision() {
         let c = case(4000, 6, 96);
