@@ -98,7 +98,7 @@ const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
 const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
 const S_NEED_HI: u32 = 5u; // weight still needed inside the chosen prefix
 const S_NEED_LO: u32 = 6u;
-const S_PCOUNT: u32 = 7u;  // entries of the chosen bin (past params.cut_list: too full)
+const S_LCOUNT: u32 = 7u;  // entries gathered into the list (past params.cut_list: too full)
 const S_RMIN: u32 = 8u;    // min key of the row's finite values (atomicMin over the max scans)
 const S_SCALE: u32 = 9u;   // f32 bits: top-p bins per unit of z
 const S_CMIN: u32 = 10u;   // least and greatest key of the chosen bin's entries
@@ -392,7 +392,7 @@ fn gather(r: Round, at: u32, x: f32, b: u32) {
         l_list[i] = kx;
         return;
     }
-    let j = atomicAdd(&state[at + S_PCOUNT], 1u);
+    let j = atomicAdd(&state[at + S_LCOUNT], 1u);
     if (j < params.cut_list) {
         atomicStore(&state[at + S_LIST + j], kx);
     }
@@ -460,7 +460,7 @@ fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, en
         let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
         var off = params.cut_list;
         if (n != 0u) {
-            off = atomicAdd(&state[at + S_PCOUNT], n);
+            off = atomicAdd(&state[at + S_LCOUNT], n);
             atomicMin(&state[at + S_CMIN], atomicLoad(&l_kmin));
             atomicMax(&state[at + S_CMAX], atomicLoad(&l_kmax));
         }
@@ -764,7 +764,7 @@ fn radix_rounds(lane: u32, at: u32, t: Round, first: u32, from_list: bool, count
 // Uniform control flow (barriers).
 fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stage: u32) {
     if (lane == 0u) {
-        w_stage = atomicLoad(&state[at + S_PCOUNT]);
+        w_stage = atomicLoad(&state[at + S_LCOUNT]);
         w_need_hi = atomicLoad(&state[at + S_NEED_HI]);
         w_need_lo = atomicLoad(&state[at + S_NEED_LO]);
         w_kbase = atomicLoad(&state[at + S_KBASE]);
@@ -905,9 +905,9 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     choose(lane, w_need_hi, w_need_lo);
     if (lane == 0u) {
         // Top-k before top-p gathers every entry from the chosen bin up when they fit the list
-        // (the need stays k): top-p is then selected from that list (finish_bin).
-        let all = stage == ST_KB && info.top_p < 1.0 && suf_hi[w_digit] == 0u
-            && suf_lo[w_digit] <= params.cut_list;
+        // (the need stays k): top-p is then selected from that list (finish_bin). A count
+        // histogram's sums fit their low words.
+        let all = stage == ST_KB && info.top_p < 1.0 && suf_lo[w_digit] <= params.cut_list;
         if (!all) {
             take_need_above();
         }
@@ -916,7 +916,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         atomicStore(&state[at + S_NEED_HI], w_need_hi);
         atomicStore(&state[at + S_NEED_LO], w_need_lo);
         atomicStore(&state[at + S_PREFIX], w_digit);
-        atomicStore(&state[at + S_PCOUNT], 0u);
+        atomicStore(&state[at + S_LCOUNT], 0u);
         atomicStore(&state[at + S_CMIN], 0xffffffffu);
         atomicStore(&state[at + S_CMAX], 0u);
         set_stage(at, stage + 1u, w_kbase, inv_t);
