@@ -45,20 +45,19 @@ struct MassCtx {
     dcut: f32,
 }
 
-// max(ρ p(y) - q(y), 0); 0 past the vocabulary. q is 0 past the draft vocabulary, and a draft
-// probability that is NaN, +inf or negative counts as 0 (as in the residual pass).
-fn term(c: MassCtx, y: u32) -> f32 {
+// max(ρ p(y) - q(y), 0) for entry y of target value l and draft value dv; 0 past the vocabulary.
+// q is 0 past the draft vocabulary, and a draft probability that is NaN, +inf or negative
+// counts as 0 (as in the residual pass).
+fn term(c: MassCtx, y: u32, l: f32, dv: f32) -> f32 {
     if (y >= params.vocab) {
         return 0.0;
     }
-    let l = t_elem(c.t_base + y);
     var p = 0.0;
     if (!(l < c.cut) && !is_neg_inf(l) && !is_nan(l)) {
         p = exp((l - c.t_max) * c.inv_t) * c.inv_sum;
     }
     var q = 0.0;
     if (y < params.draft_vocab) {
-        let dv = d_elem(c.d_base + y);
         if (params.draft_kind == DRAFT_LOGITS) {
             if (!(dv < c.dcut) && !is_neg_inf(dv) && !is_nan(dv)) {
                 q = exp((dv - c.q_max) * c.inv_t) * c.inv_qsum;
@@ -70,18 +69,64 @@ fn term(c: MassCtx, y: u32) -> f32 {
     return max(c.rho * p - q, 0.0);
 }
 
+// Entries y .. y+3 of the target row (t) and of the draft row (d). Past a row's end the index
+// is clamped to its last entry: the same addresses as reading entry by entry, and `term` gives
+// those entries 0 whatever their values.
+struct Group {
+    t: vec4<f32>,
+    d: vec4<f32>,
+}
+
+fn load_group(c: MassCtx, y: u32) -> Group {
+    var g: Group;
+    let v = params.vocab;
+    if (y + 3u < v) {
+        g.t = t_elem4(c.t_base + y);
+    } else {
+        g.t = vec4<f32>(t_elem(c.t_base + min(y, v - 1u)), t_elem(c.t_base + min(y + 1u, v - 1u)),
+                        t_elem(c.t_base + min(y + 2u, v - 1u)), t_elem(c.t_base + min(y + 3u, v - 1u)));
+    }
+    let dvs = params.draft_vocab;
+    if (y + 3u < dvs) {
+        g.d = d_elem4(c.d_base + y);
+    } else {
+        g.d = vec4<f32>(d_elem(c.d_base + min(y, dvs - 1u)), d_elem(c.d_base + min(y + 1u, dvs - 1u)),
+                        d_elem(c.d_base + min(y + 2u, dvs - 1u)), d_elem(c.d_base + min(y + 3u, dvs - 1u)));
+    }
+    return g;
+}
+
+// The group at y, each pair summed first: (t0 + t1) + (t2 + t3).
+fn group_mass(c: MassCtx, y: u32, g: Group) -> f32 {
+    return (term(c, y, g.t.x, g.d.x) + term(c, y + 1u, g.t.y, g.d.y))
+        + (term(c, y + 2u, g.t.z, g.d.z) + term(c, y + 3u, g.t.w, g.d.w));
+}
+
 // The partial of Σ max(ρ p − q, 0) over chunk `chunk` of the row `ctx` describes, in the order
 // above (0 where `due` is false). Every lane of the workgroup calls it: it holds the barriers.
+// Four groups' loads go out before any is summed, so a lane waits out one memory latency per
+// four groups instead of one per group; the sum's order is unchanged (a group past the row's
+// end adds +0, the same as stopping).
 fn chunk_mass(ctx: MassCtx, chunk: u32, lane: u32, due: bool) -> f32 {
     var s = 0.0;
     if (due) {
         let first = chunk * CHUNK;
-        for (var i = 0u; i < CHUNK_STEPS; i += 1u) {
-            let y = first + 4u * (lane + CHUNK_LANES * i);
-            if (y >= params.vocab) {
+        for (var i = 0u; i < CHUNK_STEPS; i += 4u) {
+            let y0 = first + 4u * (lane + CHUNK_LANES * i);
+            if (y0 >= params.vocab) {
                 break;
             }
-            s = s + ((term(ctx, y) + term(ctx, y + 1u)) + (term(ctx, y + 2u) + term(ctx, y + 3u)));
+            let y1 = y0 + 4u * CHUNK_LANES;
+            let y2 = y1 + 4u * CHUNK_LANES;
+            let y3 = y2 + 4u * CHUNK_LANES;
+            let g0 = load_group(ctx, y0);
+            let g1 = load_group(ctx, y1);
+            let g2 = load_group(ctx, y2);
+            let g3 = load_group(ctx, y3);
+            s = s + group_mass(ctx, y0, g0);
+            s = s + group_mass(ctx, y1, g1);
+            s = s + group_mass(ctx, y2, g2);
+            s = s + group_mass(ctx, y3, g3);
         }
     }
     sh_sum[lane] = s;
