@@ -289,10 +289,11 @@ fn store_rhos(info: ReqInfo) {
 //   draft j is accepted for certain, so τ >= j and neither R_j nor the masses below matter.
 //   The walk down from k - 1 stops there.
 // - h_j <= ρ_j: R_j = Σ max(ρ_j p - q, 0) <= ρ_j Σ p = ρ_j, and R / (R + 1 - ρ) grows with R.
-//   In f32, R_j exceeds ρ_j by the rounding of its sum and of the row's normaliser and by exp's
-//   error (WGSL: 3 + 2|x| ulp), below 10^-3 relatively for any vocabulary up to 2^24 entries,
-//   and h's division adds a few ulp. So u_j > ρ_j · MASS_BOUND (1.125) rejects draft j for
-//   certain.
+//   In f32, R_j exceeds ρ_j by the rounding of its sum and of the row's normaliser (their
+//   chains of additions and rescalings are at most a few thousand long up to 2^24 entries) and
+//   by exp's error (WGSL: 3 + 2|x| ulp): about 1 % relatively in the worst case, far inside the
+//   margin of 1/8; h's division adds a few ulp. So u_j > ρ_j · MASS_BOUND (1.125) rejects
+//   draft j for certain.
 // block_stop takes R = 0 for the rows not due: that gives h = 0 (rejected) where ρ < 1, the same
 // decision. ρ_j = 0 gives R_j = 0 and h_j = 0: never due. The twin marks the same rows
 // (src/cpu/verify.rs), so τ and the masses' buffer agree bit for bit.

@@ -172,6 +172,7 @@ fn store_rhos(plan: &Plan, info: &ReqInfo, stats: &mut [RowStats]) {
 /// first row with ρ_j = 1 (h_j = 1: accepted whatever R_j), those with ρ_j > 0 and
 /// u_j ≤ ρ_j · `bound` (`MASS_BOUND`; `h_j ≤ ρ_j` up to rounding). A test passes a smaller
 /// bound as a negative control.
+///
 /// Returns `None` when some row is due; otherwise τ, which the walk has then decided (k where
 /// u_k ≤ ρ_k, else the row it stopped at, else 0), and [`request`] settles at once.
 pub(crate) fn mark_due_masses(info: &ReqInfo, stats: &mut [RowStats], bound: f32) -> Option<u32> {
