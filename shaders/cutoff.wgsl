@@ -1,5 +1,6 @@
 // cutoff — the logit cut-off of every row of the requests that set top-k, top-p or min-p.
-// CPU twin: src/cpu/cutoff.rs. Pipeline labels: specdec.cutoff.{init,scan,pick}.
+// CPU twin: src/cpu/cutoff.rs. Pipeline labels:
+// specdec.cutoff.{init,scan_max,pick_max,scan_top_k,pick_top_k,scan,pick}.
 //
 // Every control keeps an upper set of the row's values, so together they are one threshold c:
 // the processed distribution is softmax(l / T) over the entries with l >= c (the others count as
@@ -26,6 +27,10 @@
 //      they do not all share (none when they are all equal).
 // The key found is the largest whose upper set weighs the target, exactly as four radix rounds
 // over the whole row find it (the twin's way): every entry of a higher bin has a larger value.
+// Top-k with k below the lane count skips both scans where a row has at most CAND_MAX_SLICES
+// slices: the scan of its max also gathers its candidates, each slice's entries at or above a
+// bound that its (k+1)-th largest lane max sets, and `pick` selects top-k's cut-off (and
+// top-p's after it) from them alone (scan_candidates, pick_candidates).
 // A bin too full for the slot's list (params.cut_list: the whole row at small batches, at least
 // 4,096 entries) is selected by `pick`'s workgroup reading the row itself, restricted to the
 // bin: slower, same cut-off.
@@ -42,7 +47,8 @@
 // row (target row, or draft row when the draft is given as logits) has a slot of `state`: the
 // stage it is at, its radix-select progress and a global 256-bin histogram. The host records
 //   init                    (1, rows, sides): resets the slots (unfiltered rows: cut-off -inf)
-//   N x (scan, pick)
+//   N x (scan, pick)        the first (scan_max, pick_max), or (scan_top_k, pick_top_k) where
+//                           some request's top-k may take candidates
 //     scan   (slices, rows, sides): each workgroup reduces `cut_slice` entries of the row for the
 //            row's current stage (max, a histogram of value bins, or the gathering
 //            of the chosen bin) into workgroup memory, then adds its partial into the slot with
@@ -52,7 +58,9 @@
 //            list), clears the histogram and moves the row to its next stage; a row reaching
 //            DONE writes its cut-off
 // with N = 1 + 2 [any top-k] + 2 [any top-p] over the batch. Rows needing fewer
-// stages sit at DONE and their workgroups return at once: top-k with at most k candidates, and
+// stages sit at DONE and their workgroups return at once: rows whose top-k took candidates
+// (unless a slice had too many, ties or equal finite masks: those go on through the value
+// bins), top-k with at most k candidates, and
 // top-k followed by top-p where every entry from top-k's chosen bin up fits the list (top-k's
 // gathering then takes them all, and `pick` selects top-p's cut-off from that list right after
 // top-k's, without reading the row again). Side (z) 0 is the target row, side 1 the draft row
@@ -84,6 +92,15 @@ const BIN_RANGE: f32 = 22.0;
 // Top-k bins: the f32 bits of d = max - l from those of 2^-16, 2^20 apart (8 bins per octave).
 const KBIN_LO_BITS: u32 = 0x37800000u;
 const KBIN_SHIFT: u32 = 20u;
+// Entries of a slice whose lanes' maxima set top-k's candidate bound (16 per lane): the scan
+// then reads them a second time, from the cache.
+const CAND_SUB: u32 = 4096u;
+// Most slices per row for top-k's candidates: each slice adds about k + 1 of them (per CAND_SUB
+// entries), from a bound that only its own entries set, so many small slices (small batches)
+// make a long list.
+const CAND_MAX_SLICES: u32 = 64u;
+// Keys `pick` keeps in workgroup memory for its selects (p_keys; 8 KiB).
+const P_CAP: u32 = 2048u;
 
 // Slot layout (words): S_LIST head words (keep equal to CUT_HEAD_WORDS in cutoff.rs), then the
 // list of the chosen bin's keys, params.cut_list words: the host sizes it from the batch (the
@@ -92,7 +109,7 @@ const KBIN_SHIFT: u32 = 20u;
 // holds is selected from the row itself. The histogram's 64-bit bins are (hi, lo)
 // pairs; a count fits lo alone.
 const S_MAX: u32 = 0u;     // max key of the row (atomicMax over the scans)
-// Word 1 is unused.
+const S_OVER: u32 = 1u;    // top-k's candidates: 1 when a workgroup had too many for LOCAL_CAP
 const S_STAGE: u32 = 2u;   // ST_*
 const S_KBASE: u32 = 3u;   // lower key bound of what the earlier controls kept
 const S_PREFIX: u32 = 4u;  // digits chosen so far in the current radix select
@@ -104,6 +121,7 @@ const S_SCALE: u32 = 9u;   // f32 bits: top-p bins per unit of z
 const S_CMIN: u32 = 10u;   // least and greatest key of the chosen bin's entries
 const S_CMAX: u32 = 11u;
 const S_KALL: u32 = 12u;   // 1: top-k's gathering takes every entry from the chosen bin up
+const S_LOWER: u32 = 13u;  // top-k's candidates: a lower bound of the row's (k+1)-th largest key
 const S_HIST_LO: u32 = 16u;
 const S_HIST_HI: u32 = 272u; // S_HIST_LO + BINS
 const S_LIST: u32 = 528u;  // the chosen bin's keys (params.cut_list words)
@@ -143,6 +161,14 @@ var<workgroup> w_stop: u32;
 var<workgroup> w_digit: u32;
 var<workgroup> w_acc_hi: u32;
 var<workgroup> w_acc_lo: u32;
+// Top-k's candidates: whether the row takes them (scan, pick), and pick's view of the list.
+var<workgroup> w_cand: u32;
+var<workgroup> w_count: u32;
+var<workgroup> w_floor: u32;
+var<workgroup> w_top_p: u32;
+var<workgroup> red_sub: atomic<u32>;
+var<workgroup> p_cnt: atomic<u32>;
+var<workgroup> p_keys: array<u32, P_CAP>;
 
 // Order-preserving key: a < b as floats (no NaN) iff key(a) < key(b); -0 maps to +0's key so
 // that the key order and the float comparison `l >= cut` agree everywhere.
@@ -398,6 +424,149 @@ fn gather(r: Round, at: u32, x: f32, b: u32) {
     }
 }
 
+// This lane's max key over its entries of [begin, end) (NaN skipped) and, with `want_min`, its
+// least finite key (the span of top-p's bins); one loop each, so that top-k and min-p do not pay
+// for the minimum.
+fn lane_extremes(lane: u32, side: u32, base: u32, begin: u32, end: u32,
+                 want_min: bool) -> vec2<u32> {
+    var local_max = 0u;
+    var local_min = 0xffffffffu;
+    if (want_min) {
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+            local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
+        }
+    } else {
+        for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+            let v = load4(side, base, y, end);
+            local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+        }
+    }
+    return vec2<u32>(local_max, local_min);
+}
+
+// Whether top-k's cut-off of the row comes from its candidates, gathered in the scan of its max
+// (see scan_candidates): top-k is set and below the lane count (k + 1 lanes' maxima bound the
+// candidates), the scan has one lane per histogram bin, the row has at most CAND_MAX_SLICES
+// slices, and their candidates fit: a slice gives about (k + 1) / 4,096 of its entries on real
+// rows (its bound is about the (k+1)-th largest of 4,096 entries), which must stay within half
+// of LOCAL_CAP, and the slices' together within half of the list.
+fn takes_candidates(info: ReqInfo, side: u32) -> bool {
+    let slices = (row_len(side) + params.cut_slice - 1u) / params.cut_slice;
+    return WG == BINS && info.top_k != 0u && info.top_k < WG && slices <= CAND_MAX_SLICES
+        && params.cut_slice <= LOCAL_CAP * CAND_SUB / 2u / (info.top_k + 1u)
+        && info.top_k * slices <= params.cut_list / 2u;
+}
+
+// Collects entry x into the workgroup's list when its key is at least t. Keys above +inf's are
+// NaN's (t is finite, so negative NaNs' keys fall below it).
+fn candidate(t: u32, x: f32) {
+    let kx = key_of(x);
+    if (kx < t || kx > KEY_POS_INF) {
+        return;
+    }
+    atomicMin(&l_kmin, kx);
+    atomicMax(&l_kmax, kx);
+    let i = atomicAdd(&l_cnt, 1u);
+    if (i < LOCAL_CAP) {
+        l_list[i] = kx;
+    }
+}
+
+// Adds the workgroup's list (the first LOCAL_CAP of its l_cnt entries) to the slot's at `at`
+// with one global atomic, and widens the slot's key range. With `whole`, a workgroup that found
+// more than LOCAL_CAP adds nothing and marks the slot (S_OVER) instead: top-k's candidates are
+// of use only all together. Uniform control flow (barriers).
+fn flush_list(lane: u32, at: u32, whole: bool) {
+    workgroupBarrier();
+    if (lane == 0u) {
+        let found = atomicLoad(&l_cnt);
+        var off = params.cut_list;
+        if (whole && found > LOCAL_CAP) {
+            atomicStore(&state[at + S_OVER], 1u);
+        } else if (found != 0u) {
+            off = atomicAdd(&state[at + S_LCOUNT], min(found, LOCAL_CAP));
+            atomicMin(&state[at + S_CMIN], atomicLoad(&l_kmin));
+            atomicMax(&state[at + S_CMAX], atomicLoad(&l_kmax));
+        }
+        w_off = off;
+    }
+    let off = workgroupUniformLoad(&w_off);
+    let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
+    for (var i = lane; i < n && off + i < params.cut_list; i += WG) {
+        atomicStore(&state[at + S_LIST + off + i], l_list[i]);
+    }
+}
+
+// The scan of the row's max for a row whose top-k takes candidates (uniform control flow): the
+// max (and, for top-p, the least finite value) of this workgroup's slice, and its candidates,
+// every entry whose key is at least a bound t, added to the slot's list.
+//   t: the lanes' maxima over the slice's first CAND_SUB entries go into the log bins below
+//      their own max; the bin holding the (k+1)-th largest of them, and the least lane max in it
+//      or above, give t. At least k + 1 of those maxima, distinct entries, are at or above t, so
+//      t is at most the slice's (k+1)-th largest key, hence at most the row's: the row's k + 1
+//      largest entries, and every entry equal to them, are candidates of their slices.
+//   S_LOWER, the largest t of the row's workgroups so far, is such a bound too: each workgroup
+//      raises it and gathers from the larger of the two.
+// The slice is then read once for its max and its candidates (the first CAND_SUB entries a
+// second time, from the cache). On real rows a slice gives about k + 1 candidates per CAND_SUB
+// entries; `pick` selects from the list alone (pick_candidates).
+fn scan_candidates(lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32, k: u32,
+                   want_min: bool) {
+    let sub_end = min(end, begin + CAND_SUB);
+    let mine = lane_extremes(lane, side, base, begin, sub_end, false).x;
+    atomicMax(&red_sub, mine);
+    workgroupBarrier();
+    let m1 = atomicLoad(&red_sub);
+    let finite = mine >= KEY_MIN_FINITE && mine < KEY_POS_INF;
+    if (finite) {
+        atomicAdd(&h_lo[log_bin(value_of(mine), value_of(m1))], 1u);
+    }
+    workgroupBarrier();
+    suf_lo[lane] = atomicLoad(&h_lo[lane]);
+    suf_hi[lane] = 0u;
+    atomicStore(&h_lo[lane], 0u);
+    workgroupBarrier();
+    suffix_sums(lane);
+    choose(lane, 0u, k + 1u);
+    // The least lane max in the chosen bin or above (fewer than k + 1 finite maxima: every
+    // finite entry is a candidate, t = KEY_MIN_FINITE).
+    if (finite && suf_lo[0] > k && log_bin(value_of(mine), value_of(m1)) >= w_digit) {
+        atomicMin(&red_min, mine);
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        var t = KEY_MIN_FINITE;
+        if (suf_lo[0] > k) {
+            t = max(atomicLoad(&red_min), KEY_MIN_FINITE);
+        }
+        w_prefix = max(t, atomicMax(&state[at + S_LOWER], t));
+        atomicStore(&red_min, 0xffffffffu);
+    }
+    let t = workgroupUniformLoad(&w_prefix);
+    var local_max = 0u;
+    var local_min = 0xffffffffu;
+    for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
+        let v = load4(side, base, y, end);
+        local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
+        if (want_min) {
+            local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
+        }
+        candidate(t, v.x);
+        candidate(t, v.y);
+        candidate(t, v.z);
+        candidate(t, v.w);
+    }
+    atomicMax(&red_key, local_max);
+    atomicMin(&red_min, local_min);
+    flush_list(lane, at, true);
+    if (lane == 0u) {
+        atomicMax(&state[at + S_MAX], atomicLoad(&red_key));
+        atomicMin(&state[at + S_RMIN], atomicLoad(&red_min));
+    }
+}
+
 fn row_len(side: u32) -> u32 {
     return select(params.vocab, params.draft_vocab, side != 0u);
 }
@@ -436,7 +605,8 @@ fn cut_of(kbase: u32) -> f32 {
 // The scan of ST_KC / ST_PC: the entries of the chosen bin (the slot's prefix after ST_KB /
 // ST_PB; with r.top_bin, the bins above it too) in this workgroup's slice, added to the slot's
 // list with one global atomic for the workgroup's first LOCAL_CAP (the slot's count may pass
-// params.cut_list: `pick` then reads the row), and the list's key range. Called in uniform control flow (barriers).
+// params.cut_list: `pick` then reads the row), and the list's key range. Called in uniform
+// control flow (barriers).
 fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32) {
     if (r.log_bins) {
         for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
@@ -455,22 +625,7 @@ fn gather_bin(r: Round, lane: u32, at: u32, side: u32, base: u32, begin: u32, en
             gather(r, at, v.w, bin_digit(v.w, r.m, r.inv_t, r.scale));
         }
     }
-    workgroupBarrier();
-    if (lane == 0u) {
-        let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
-        var off = params.cut_list;
-        if (n != 0u) {
-            off = atomicAdd(&state[at + S_LCOUNT], n);
-            atomicMin(&state[at + S_CMIN], atomicLoad(&l_kmin));
-            atomicMax(&state[at + S_CMAX], atomicLoad(&l_kmax));
-        }
-        w_off = off;
-    }
-    let off = workgroupUniformLoad(&w_off);
-    let n = min(atomicLoad(&l_cnt), LOCAL_CAP);
-    for (var i = lane; i < n && off + i < params.cut_list; i += WG) {
-        atomicStore(&state[at + S_LIST + off + i], l_list[i]);
-    }
+    flush_list(lane, at, false);
 }
 
 @compute @workgroup_size(256)
@@ -498,21 +653,28 @@ fn init(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         atomicStore(&state[at + S_STAGE], ST_MAX);
         atomicStore(&state[at + S_KBASE], KEY_MIN_FINITE);
         atomicStore(&state[at + S_PREFIX], 0u);
+        atomicStore(&state[at + S_OVER], 0u);
+        atomicStore(&state[at + S_LOWER], 0u);
+        atomicStore(&state[at + S_LCOUNT], 0u);
+        atomicStore(&state[at + S_CMIN], 0xffffffffu);
+        atomicStore(&state[at + S_CMAX], 0u);
     }
 }
 
-@compute @workgroup_size(WG)
-fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let side = wid.z;
+// What every scan workgroup starts with: its histogram and accumulators cleared, and lane 0's
+// view of the slot (for the local row `row` of `side`) in workgroup memory, with `cand` whether
+// the row takes top-k's candidates (w_cand). Returns the slot's stage (ST_DONE for a side with no
+// row). Uniform control flow (a barrier).
+fn scan_prologue(row: u32, side: u32, lane: u32, cand: bool) -> u32 {
     for (var b = lane; b < BINS; b += WG) {
         atomicStore(&h_lo[b], 0u);
         atomicStore(&h_hi[b], 0u);
     }
     if (lane == 0u) {
-        let slot = slot_of(wid.y, side);
+        let slot = slot_of(row, side);
         var stage = ST_DONE;
         if (slot != NO_INDEX) {
-            let at = state_at(wid.y, side);
+            let at = state_at(row, side);
             stage = atomicLoad(&state[at + S_STAGE]);
             w_kbase = atomicLoad(&state[at + S_KBASE]);
             w_prefix = atomicLoad(&state[at + S_PREFIX]);
@@ -521,17 +683,80 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             w_all = atomicLoad(&state[at + S_KALL]);
         }
         w_stage = stage;
+        w_cand = select(0u, 1u, cand && stage == ST_MAX && takes_candidates(row_req(row), side));
         atomicStore(&red_key, 0u);
         atomicStore(&red_min, 0xffffffffu);
+        atomicStore(&red_sub, 0u);
         atomicStore(&l_cnt, 0u);
         atomicStore(&l_kmin, 0xffffffffu);
         atomicStore(&l_kmax, 0u);
     }
     // Also the barrier after the clears above.
-    let stage = workgroupUniformLoad(&w_stage);
+    return workgroupUniformLoad(&w_stage);
+}
+
+// The max (NaN skipped) of this workgroup's slice of the row and, with `want_min`, its least
+// finite value (the span of top-p's bins), into the slot. Uniform control flow (a barrier).
+fn slice_max(lane: u32, at: u32, side: u32, base: u32, begin: u32, end: u32, want_min: bool) {
+    let e = lane_extremes(lane, side, base, begin, end, want_min);
+    atomicMax(&red_key, e.x);
+    atomicMin(&red_min, e.y);
+    workgroupBarrier();
+    if (lane == 0u) {
+        atomicMax(&state[at + S_MAX], atomicLoad(&red_key));
+        atomicMin(&state[at + S_RMIN], atomicLoad(&red_min));
+    }
+}
+
+// The first scan (every filtered row is at ST_MAX after init): the rows' max. A batch where
+// some request's top-k may take candidates runs scan_top_k instead; each is an entry point of
+// its own, so that this one does not carry the candidates' code and workgroup memory (with
+// them, the max scan of top-p alone measured up to 1.04x slower on an H100).
+@compute @workgroup_size(WG)
+fn scan_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    let stage = scan_prologue(wid.y, side, lane, false);
     let len = row_len(side);
     let begin = wid.x * params.cut_slice;
-    if (stage == ST_DONE || begin >= len) {
+    if (stage != ST_MAX || begin >= len) {
+        return;
+    }
+    let info = row_req(wid.y);
+    let end = min(begin + params.cut_slice, len);
+    slice_max(lane, state_at(wid.y, side), side, row_base(wid.y, side), begin, end,
+              info.top_p < 1.0);
+}
+
+// scan_max with top-k's candidates for the rows that take them (scan_candidates).
+@compute @workgroup_size(WG)
+fn scan_top_k(@builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    let stage = scan_prologue(wid.y, side, lane, true);
+    let len = row_len(side);
+    let begin = wid.x * params.cut_slice;
+    if (stage != ST_MAX || begin >= len) {
+        return;
+    }
+    let end = min(begin + params.cut_slice, len);
+    let at = state_at(wid.y, side);
+    let info = row_req(wid.y);
+    let base = row_base(wid.y, side);
+    if (workgroupUniformLoad(&w_cand) != 0u) {
+        scan_candidates(lane, at, side, base, begin, end, info.top_k, info.top_p < 1.0);
+    } else {
+        slice_max(lane, at, side, base, begin, end, info.top_p < 1.0);
+    }
+}
+
+// The later scans: the value bins' histograms and gatherings (ST_KB .. ST_PC).
+@compute @workgroup_size(WG)
+fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    let stage = scan_prologue(wid.y, side, lane, false);
+    let len = row_len(side);
+    let begin = wid.x * params.cut_slice;
+    if (stage == ST_DONE || stage == ST_MAX || begin >= len) {
         return;
     }
     let end = min(begin + params.cut_slice, len);
@@ -539,32 +764,6 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let info = row_req(wid.y);
     let inv_t = info.inv_temperature;
     let base = row_base(wid.y, side);
-    if (stage == ST_MAX) {
-        // The row max (NaN skipped) and, for top-p, its least finite value (the span of the
-        // bins); one loop each, so that top-k and min-p do not pay for the minimum.
-        var local_max = 0u;
-        var local_min = 0xffffffffu;
-        if (info.top_p < 1.0) {
-            for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-                let v = load4(side, base, y, end);
-                local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
-                local_min = min_key(min_key(min_key(min_key(local_min, v.x), v.y), v.z), v.w);
-            }
-        } else {
-            for (var y = begin + 4u * lane; y < end; y += 4u * WG) {
-                let v = load4(side, base, y, end);
-                local_max = max_key(max_key(max_key(max_key(local_max, v.x), v.y), v.z), v.w);
-            }
-        }
-        atomicMax(&red_key, local_max);
-        atomicMin(&red_min, local_min);
-        workgroupBarrier();
-        if (lane == 0u) {
-            atomicMax(&state[at + S_MAX], atomicLoad(&red_key));
-            atomicMin(&state[at + S_RMIN], atomicLoad(&red_min));
-        }
-        return;
-    }
     let m = value_of(w_max);
     // The gathering of the chosen bin (ST_KC, ST_PC), or the histogram of the value bins of the
     // keys >= kbase (ST_KB, ST_PB).
@@ -695,22 +894,50 @@ fn set_top_p_need(top_p: f32) {
     }
 }
 
-// Radix rounds `first` .. 3 (t's round, shift and prefix are set per round; the digits chosen
-// so far in w_prefix) over the slot's list of `count` keys, or over the row (restricted to
-// t.only_bin) when `from_list` is false: the largest key whose upper set weighs w_need. With
-// `top_p` below 1 the first round's total sets the need (every candidate carries the shared
-// prefix, so that total is the mass of them all). Leaves the key in w_prefix.
-// Uniform control flow (barriers).
+// The start of radix round `round`: the workgroup histogram cleared, and t carrying the round,
+// its shift and the digits chosen so far (w_prefix). 256 lanes. Uniform control flow.
+fn round_start(lane: u32, t: Round, round: u32) -> Round {
+    atomicStore(&h_lo[lane], 0u);
+    atomicStore(&h_hi[lane], 0u);
+    workgroupBarrier();
+    var r = t;
+    r.prefix = w_prefix;
+    r.round = round;
+    r.shift = 24u - 8u * round;
+    return r;
+}
+
+// The end of a radix round whose histogram is filled: its digit chosen (the first round with
+// `top_p` below 1 sets the need from its total: every candidate carries the shared prefix, so
+// that total is the mass of them all) and appended to w_prefix. Uniform control flow.
+fn round_end(lane: u32, first_round: bool, top_p: f32) {
+    workgroupBarrier();
+    suf_lo[lane] = atomicLoad(&h_lo[lane]);
+    suf_hi[lane] = atomicLoad(&h_hi[lane]);
+    workgroupBarrier();
+    suffix_sums(lane);
+    if (first_round && top_p < 1.0) {
+        if (lane == 0u) {
+            set_top_p_need(top_p);
+        }
+        workgroupBarrier();
+    }
+    choose(lane, w_need_hi, w_need_lo);
+    if (lane == 0u) {
+        take_need_above();
+        w_prefix = (w_prefix << 8u) | w_digit;
+    }
+    workgroupBarrier();
+}
+
+// Radix rounds `first` .. 3 over the slot's list of `count` keys, or over the row (restricted
+// to t.only_bin) when `from_list` is false: the largest key whose upper set weighs w_need (with
+// `top_p` below 1, top_p of the first round's total). Leaves the key in w_prefix. Uniform
+// control flow (barriers).
 fn radix_rounds(lane: u32, at: u32, t: Round, first: u32, from_list: bool, count: u32,
                 top_p: f32, side: u32, base: u32, len: u32) {
     for (var round = first; round < 4u; round++) {
-        atomicStore(&h_lo[lane], 0u);
-        atomicStore(&h_hi[lane], 0u);
-        workgroupBarrier();
-        var r = t;
-        r.prefix = w_prefix;
-        r.round = round;
-        r.shift = 24u - 8u * round;
+        let r = round_start(lane, t, round);
         if (from_list) {
             for (var i = lane; i < count; i += BINS) {
                 radix_add(r, value_of(atomicLoad(&state[at + S_LIST + i])));
@@ -730,23 +957,20 @@ fn radix_rounds(lane: u32, at: u32, t: Round, first: u32, from_list: bool, count
                 radix_add(r, w.w);
             }
         }
-        workgroupBarrier();
-        suf_lo[lane] = atomicLoad(&h_lo[lane]);
-        suf_hi[lane] = atomicLoad(&h_hi[lane]);
-        workgroupBarrier();
-        suffix_sums(lane);
-        if (round == first && top_p < 1.0) {
-            if (lane == 0u) {
-                set_top_p_need(top_p);
-            }
-            workgroupBarrier();
+        round_end(lane, round == first, top_p);
+    }
+}
+
+// radix_rounds over the first `count` keys of p_keys (pick_top_k's). A function of its own so
+// that `pick`, which never reads p_keys, does not reserve its 8 KiB: with them it measured up
+// to 1.05x slower (top-p alone, an H100).
+fn radix_rounds_kept(lane: u32, t: Round, first: u32, count: u32, top_p: f32) {
+    for (var round = first; round < 4u; round++) {
+        let r = round_start(lane, t, round);
+        for (var i = lane; i < count; i += BINS) {
+            radix_add(r, value_of(p_keys[i]));
         }
-        choose(lane, w_need_hi, w_need_lo);
-        if (lane == 0u) {
-            take_need_above();
-            w_prefix = (w_prefix << 8u) | w_digit;
-        }
-        workgroupBarrier();
+        round_end(lane, round == first, top_p);
     }
 }
 
@@ -833,21 +1057,195 @@ fn pick_bound(at: u32, info: ReqInfo) {
     }
 }
 
-// One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
-@compute @workgroup_size(256)
-fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let side = wid.z;
+// Keeps key `kx` of the list in p_keys when it is at least floor (the zero keys past the list's
+// end never are: floor is finite); counts it also past P_CAP.
+fn keep(kx: u32, floor: u32) {
+    if (kx >= floor) {
+        let i = atomicAdd(&p_cnt, 1u);
+        if (i < P_CAP) {
+            p_keys[i] = kx;
+        }
+    }
+}
+
+// `pick` after the scan of a row whose top-k takes candidates (uniform control flow). With a
+// finite max and every candidate in the list: min-p's bound (kbase) from the max, then the list's
+// count at or above floor = max(kbase, S_LOWER). S_LOWER is at most the row's (k+1)-th largest
+// key, so a count of at most k means the row holds at most k entries at or above kbase (top-k
+// cuts nothing, as the histogram's total tells in the value bins' stages); otherwise the radix
+// rounds over the list select the k-th largest key, which is the row's: the list holds the
+// row's k + 1 largest entries. Top-p then selects from the list's keys at or above top-k's
+// cut-off, every one of which the list holds. A workgroup with too many candidates (ties, or a
+// slice of equal finite masks) leaves the row to the value bins' stages, which follow.
+fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     if (lane == 0u) {
-        let slot = slot_of(wid.y, side);
+        let max_key = atomicLoad(&state[at + S_MAX]);
+        var kbase = atomicLoad(&state[at + S_KBASE]);
+        // 0: select from the list; 1: no cut-off (non-finite max); 2: the value bins' stages.
+        var todo = 0u;
+        if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
+            todo = 1u;
+        } else {
+            if (!is_neg_inf(info.log_min_p)) {
+                kbase = min_p_bound(max_key, info.inv_temperature, info.log_min_p);
+                atomicStore(&state[at + S_KBASE], kbase);
+            }
+            let count = atomicLoad(&state[at + S_LCOUNT]);
+            if (atomicLoad(&state[at + S_OVER]) != 0u || count > params.cut_list) {
+                todo = 2u;
+            }
+        }
+        w_stop = todo;
+        w_kbase = kbase;
+        w_max = max_key;
+        w_count = atomicLoad(&state[at + S_LCOUNT]);
+        w_floor = max(kbase, atomicLoad(&state[at + S_LOWER]));
+        w_top_p = select(0u, 1u, info.top_p < 1.0);
+        atomicStore(&p_cnt, 0u);
+    }
+    let todo = workgroupUniformLoad(&w_stop);
+    if (todo != 0u) {
+        if (lane == 0u) {
+            let next = select(ST_DONE, next_stage(ST_MAX, info), todo == 2u);
+            set_stage(at, next, w_kbase, info.inv_temperature);
+            if (next == ST_DONE) {
+                cutoffs[w_slot] = cut_of(w_kbase);
+            }
+        }
+        return;
+    }
+    let count = workgroupUniformLoad(&w_count);
+    let floor = w_floor;
+    // The list's keys at or above floor, kept in p_keys when they fit (four loads in flight).
+    for (var i = 4u * lane; i < count; i += 4u * BINS) {
+        let a = atomicLoad(&state[at + S_LIST + i]);
+        var b = 0u;
+        var c = 0u;
+        var d = 0u;
+        if (i + 1u < count) {
+            b = atomicLoad(&state[at + S_LIST + i + 1u]);
+        }
+        if (i + 2u < count) {
+            c = atomicLoad(&state[at + S_LIST + i + 2u]);
+        }
+        if (i + 3u < count) {
+            d = atomicLoad(&state[at + S_LIST + i + 3u]);
+        }
+        keep(a, floor);
+        keep(b, floor);
+        keep(c, floor);
+        keep(d, floor);
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        let kept = atomicLoad(&p_cnt);
+        // More than p_keys holds: the selects read the slot's list, from floor up.
+        w_count = select(count, kept, kept <= P_CAP);
+        w_acc_lo = select(0u, 1u, kept <= P_CAP);
+        let cuts = kept > info.top_k;
+        w_all = select(0u, 1u, cuts);
+        if (cuts) {
+            w_need_hi = 0u;
+            w_need_lo = info.top_k;
+            shared_bytes(max(floor, atomicLoad(&state[at + S_CMIN])),
+                         atomicLoad(&state[at + S_CMAX]));
+        } else {
+            w_prefix = w_kbase;
+        }
+    }
+    let cuts = workgroupUniformLoad(&w_all) != 0u;
+    let first = workgroupUniformLoad(&w_stop);
+    let in_keys = workgroupUniformLoad(&w_acc_lo) != 0u;
+    let n = workgroupUniformLoad(&w_count);
+    let base = row_base(local_row, side);
+    let len = row_len(side);
+    let t = Round(floor, 0u, 0u, 24u, false, value_of(w_max), info.inv_temperature, true, 0u,
+                  0.0, NO_INDEX);
+    if (cuts) {
+        if (in_keys) {
+            radix_rounds_kept(lane, t, first, n, 1.0);
+        } else {
+            radix_rounds(lane, at, t, first, true, n, 1.0, side, base, len);
+        }
+    }
+    if (lane == 0u) {
+        // Top-k's cut-off; top-p's candidates are the list's keys at or above it.
+        w_kbase = w_prefix;
+        if (info.top_p < 1.0) {
+            shared_bytes(max(w_prefix, atomicLoad(&state[at + S_CMIN])),
+                         atomicLoad(&state[at + S_CMAX]));
+        }
+    }
+    if (workgroupUniformLoad(&w_top_p) != 0u) {
+        let first_p = workgroupUniformLoad(&w_stop);
+        var tp = t;
+        tp.kbase = w_kbase;
+        tp.mass_mode = true;
+        if (in_keys) {
+            radix_rounds_kept(lane, tp, first_p, n, info.top_p);
+        } else {
+            radix_rounds(lane, at, tp, first_p, true, n, info.top_p, side, base, len);
+        }
+    }
+    if (lane == 0u) {
+        let key = select(w_kbase, w_prefix, info.top_p < 1.0);
+        atomicStore(&state[at + S_KBASE], key);
+        set_stage(at, ST_DONE, key, info.inv_temperature);
+        cutoffs[w_slot] = cut_of(key);
+    }
+}
+
+// One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
+// Lane 0's view of the slot's stage and cut-off index, in workgroup memory, with `cand` whether
+// the row takes top-k's candidates (w_cand); returns the stage (ST_DONE for a side with no row).
+// Uniform control flow (a barrier).
+fn pick_prologue(row: u32, side: u32, lane: u32, cand: bool) -> u32 {
+    if (lane == 0u) {
+        let slot = slot_of(row, side);
         var stage = ST_DONE;
         if (slot != NO_INDEX) {
-            stage = atomicLoad(&state[state_at(wid.y, side) + S_STAGE]);
+            stage = atomicLoad(&state[state_at(row, side) + S_STAGE]);
         }
         w_slot = slot;
         w_stage = stage;
+        w_cand = select(0u, 1u, cand && stage == ST_MAX && takes_candidates(row_req(row), side));
     }
-    let stage = workgroupUniformLoad(&w_stage);
-    if (stage == ST_DONE) {
+    return workgroupUniformLoad(&w_stage);
+}
+
+// The pick after scan_max: min-p's bound and the row's next stage (lane 0).
+@compute @workgroup_size(256)
+fn pick_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    if (pick_prologue(wid.y, side, lane, false) == ST_MAX && lane == 0u) {
+        pick_bound(state_at(wid.y, side), row_req(wid.y));
+    }
+}
+
+// The pick after scan_top_k: pick_max's, or for a row whose top-k takes candidates its cut-off
+// from them (pick_candidates).
+@compute @workgroup_size(256)
+fn pick_top_k(@builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    if (pick_prologue(wid.y, side, lane, true) != ST_MAX) {
+        return;
+    }
+    let at = state_at(wid.y, side);
+    let info = row_req(wid.y);
+    if (workgroupUniformLoad(&w_cand) != 0u) {
+        pick_candidates(lane, at, wid.y, side, info);
+    } else if (lane == 0u) {
+        pick_bound(at, info);
+    }
+}
+
+// The picks after the later scans (ST_KB .. ST_PC).
+@compute @workgroup_size(256)
+fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let side = wid.z;
+    let stage = pick_prologue(wid.y, side, lane, false);
+    if (stage == ST_DONE || stage == ST_MAX) {
         return;
     }
     let at = state_at(wid.y, side);
@@ -855,12 +1253,6 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let inv_t = info.inv_temperature;
     if (stage == ST_KC || stage == ST_PC) {
         finish_bin(lane, at, wid.y, side, info, stage);
-        return;
-    }
-    if (stage == ST_MAX) {
-        if (lane == 0u) {
-            pick_bound(at, info);
-        }
         return;
     }
     // The histogram of top-k's (ST_KB) or top-p's (ST_PB) value bins.

@@ -81,7 +81,15 @@ impl Kernel {
     /// The entry points the library dispatches.
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Cutoff => &["init", "scan", "pick"],
+            Kernel::Cutoff => &[
+                "init",
+                "scan_max",
+                "pick_max",
+                "scan_top_k",
+                "pick_top_k",
+                "scan",
+                "pick",
+            ],
             Kernel::RowStats => &["block", "block_wide"],
             Kernel::Verify => &[
                 "main",

@@ -395,6 +395,41 @@ fn top_k_cut_offs_past_the_bins_equal_the_twin() {
     }
 }
 
+/// Top-k's candidates past the 2,048 keys `pick` keeps in workgroup memory: one row of 131,072
+/// N(0, 2) entries in 64 slices of 2,048, where k = 200 bounds each slice's candidates at about
+/// the top sixth of its entries (the 201st largest of 256 lanes' maxima of 8), so the list holds
+/// some 20,000 keys and `pick` selects from the list itself; also with min-p's bound below the
+/// 200th value and with top-p after top-k.
+#[test]
+fn top_k_cut_offs_from_a_long_candidate_list_equal_the_twin() {
+    let Some(v) = gpu() else { return };
+    let vocab = 131_072usize;
+    let row = Gen::new(71).logits(vocab, 2.0);
+    let (mut o, _) = batch(73, vocab, 1);
+    o.target = [row.clone(), row.clone()].concat();
+    o.draft = row.clone();
+    for params in [
+        SamplingParams::seeded(1.0, 5).with_top_k(200),
+        SamplingParams::seeded(1.0, 5)
+            .with_top_k(200)
+            .with_min_p(0.02),
+        SamplingParams::seeded(1.0, 5)
+            .with_top_k(200)
+            .with_top_p(0.9),
+    ] {
+        o.requests[0].params = params;
+        let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+        let c = a[0];
+        let kept = row.iter().filter(|&&x| x >= c).count();
+        assert!(
+            (1..=200).contains(&kept),
+            "{params:?}: the twin's cut-off {c} keeps {kept}"
+        );
+        let b = v.cutoffs_blocking(&o.batch()).unwrap();
+        assert_eq!(bit_differences(&a, &b), 0, "{params:?}: {a:?} vs {b:?}");
+    }
+}
+
 /// Min-p's bound is the least float that passes: rows holding the max and the 80 consecutive
 /// floats around the threshold m + T · ln(min_p), at several T and min_p. The entries kept must
 /// be exactly those x with (x − m) · (1 / T) ≥ ln(min_p) in f32 (the library's inverse

@@ -124,7 +124,12 @@ const FIXED_64: [&str; 11] = [
 ];
 
 /// Entry points whose workgroup size is fixed at 256 (one lane per histogram bin), not `WG`.
-const FIXED_256: [&str; 2] = ["cutoff.init", "cutoff.pick"];
+const FIXED_256: [&str; 4] = [
+    "cutoff.init",
+    "cutoff.pick_max",
+    "cutoff.pick_top_k",
+    "cutoff.pick",
+];
 
 /// Resolves the overrides for one entry point and workgroup size, as wgpu does before a backend.
 fn resolve<'a>(

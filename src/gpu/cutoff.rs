@@ -30,6 +30,14 @@ const CUT_GROUP_ROWS: usize = 2048;
 /// Fewest row entries per cutoff `scan` workgroup, per lane: below this the workgroup's
 /// histogram clear and flush cost more than its share of the row.
 const CUT_MIN_PER_LANE: u32 = 8;
+/// Most slices per row for top-k's candidates (CAND_MAX_SLICES in cutoff.wgsl, which decides
+/// per row; the host only decides whether the first round runs the entry points that carry
+/// their code).
+const CAND_MAX_SLICES: u32 = 64;
+/// Most (k + 1) × slice entries for top-k's candidates: LOCAL_CAP × CAND_SUB / 2 in cutoff.wgsl
+/// (a slice's candidates, about (k + 1) / 4,096 of its entries, within half of what a workgroup
+/// holds).
+const CAND_MAX_SPREAD: u32 = 1024 * 4096 / 2;
 
 /// The cutoff kernel's bindings: Params, target and draft rows, requests, row_info, then the
 /// cut-offs and the scratch it writes.
@@ -61,6 +69,9 @@ pub(super) struct CutShape {
     /// Params slots to reserve for the groups: a bound on `groups.len()` (0 when no request
     /// filters).
     pub group_slots: usize,
+    /// Some request's top-k may take candidates: the first round runs `scan_top_k` and
+    /// `pick_top_k` instead of `scan_max` and `pick_max`.
+    pub candidates: bool,
     /// Words of the cut-offs buffer (0 when no request filters).
     pub words: usize,
 }
@@ -83,6 +94,18 @@ impl CutShape {
         let sides: u32 = if cut_logits { 2 } else { 1 };
         let group_rows = group_rows(g, sides);
         let list = list_words(g, plan.total_rows.min(group_rows), sides, cut_len);
+        // The kernel's test (takes_candidates) with the target rows' slices; draft rows have
+        // at most as many.
+        let target_slices = plan.vocab.div_ceil(slice);
+        let candidates = g.wg == 256
+            && target_slices <= CAND_MAX_SLICES
+            && plan.reqs.iter().any(|r| {
+                r.flags & REQ_FILTER != 0
+                    && r.top_k != 0
+                    && r.top_k < g.wg
+                    && slice <= CAND_MAX_SPREAD / (r.top_k + 1)
+                    && r.top_k * target_slices <= list / 2
+            });
         let groups = if filters {
             windows
                 .iter()
@@ -104,6 +127,7 @@ impl CutShape {
             groups,
             group_rows,
             list,
+            candidates,
             group_slots: if filters {
                 plan.total_rows.div_ceil(group_rows) + windows.len()
             } else {
@@ -247,14 +271,17 @@ impl GpuBackend {
             );
             pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
             pass.dispatch_workgroups(1, rows, cut.sides);
-            for _ in 0..cut.steps {
-                pass.set_pipeline(self.special_pipeline(
-                    Kernel::Cutoff,
-                    "scan",
-                    shape.plain_loads(),
-                ));
+            // The first round is every row's max (scan_max, pick_max), the others the value
+            // bins' stages.
+            for step in 0..cut.steps {
+                let (scan, pick) = match (step, cut.candidates) {
+                    (0, true) => ("scan_top_k", "pick_top_k"),
+                    (0, false) => ("scan_max", "pick_max"),
+                    _ => ("scan", "pick"),
+                };
+                pass.set_pipeline(self.special_pipeline(Kernel::Cutoff, scan, shape.plain_loads()));
                 pass.dispatch_workgroups(cut.slices, rows, cut.sides);
-                pass.set_pipeline(self.pipeline(Kernel::Cutoff, "pick"));
+                pass.set_pipeline(self.pipeline(Kernel::Cutoff, pick));
                 pass.dispatch_workgroups(1, rows, cut.sides);
             }
         }
