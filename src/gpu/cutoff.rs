@@ -94,8 +94,9 @@ impl CutShape {
         let sides: u32 = if cut_logits { 2 } else { 1 };
         let group_rows = group_rows(g, sides);
         let list = list_words(g, plan.total_rows.min(group_rows), sides, cut_len);
-        // The kernel's test (takes_candidates) with the target rows' slices; draft rows have
-        // at most as many.
+        // The kernel's test (takes_candidates) with the target rows' slices. The kernel tests
+        // every row (draft-logit rows with their own length): this only picks the first
+        // round's entry points.
         let target_slices = plan.vocab.div_ceil(slice);
         let candidates = g.wg == 256
             && target_slices <= CAND_MAX_SLICES
