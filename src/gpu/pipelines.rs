@@ -196,9 +196,14 @@ pub(super) fn build_pipelines(
 
 /// Whether `entry` is built in `special`: row_stats' `block_wide` is the `SPECIAL_WIDE`
 /// pipelines' entry, `block` everyone else's (a wide `block` or a narrow `block_wide` would
-/// never be dispatched).
+/// never be dispatched); cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
+/// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
-    kernel != Kernel::RowStats || (entry == "block_wide") == (special & SPECIAL_WIDE != 0)
+    match kernel {
+        Kernel::RowStats => (entry == "block_wide") == (special & SPECIAL_WIDE != 0),
+        Kernel::Cutoff => special & SPECIAL_PLAIN_F32 == 0 || entry.starts_with("scan"),
+        _ => true,
+    }
 }
 
 /// The `override` constants of one pipeline: the workgroup size, and the specialisation bits
