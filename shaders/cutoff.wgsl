@@ -731,7 +731,10 @@ fn scan_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
               info.top_p < 1.0);
 }
 
-// scan_max with top-k's candidates for the rows that take them (scan_candidates).
+// scan_max with top-k's candidates for the rows that take them (scan_candidates). Its preamble
+// repeats scan_max's rather than sharing a function with a `cand` flag: workgroup memory is
+// reserved by static use, so a shared function would put the candidates' arrays back into
+// scan_max.
 @compute @workgroup_size(WG)
 fn scan_top_k(@builtin(workgroup_id) wid: vec3<u32>,
               @builtin(local_invocation_index) lane: u32) {
@@ -1199,7 +1202,6 @@ fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo)
     }
 }
 
-// One workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default limit).
 // Lane 0's view of the slot's stage and cut-off index, in workgroup memory, with `cand` whether
 // the row takes top-k's candidates (w_cand); returns the stage (ST_DONE for a side with no row).
 // Uniform control flow (a barrier).
@@ -1217,6 +1219,8 @@ fn pick_prologue(row: u32, side: u32, lane: u32, cand: bool) -> u32 {
     return workgroupUniformLoad(&w_stage);
 }
 
+// The picks: one workgroup per slot; 256 lanes, one histogram bin each (within WebGPU's default
+// limit).
 // The pick after scan_max: min-p's bound and the row's next stage (lane 0).
 @compute @workgroup_size(256)
 fn pick_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
