@@ -166,6 +166,7 @@ var<workgroup> w_cand: u32;
 var<workgroup> w_count: u32;
 var<workgroup> w_floor: u32;
 var<workgroup> w_top_p: u32;
+var<workgroup> w_in_keys: u32; // pick_candidates: 1 when the kept keys fit p_keys
 var<workgroup> red_sub: atomic<u32>;
 var<workgroup> p_cnt: atomic<u32>;
 var<workgroup> p_keys: array<u32, P_CAP>;
@@ -981,6 +982,15 @@ fn radix_rounds_kept(lane: u32, t: Round, first: u32, count: u32, top_p: f32) {
     }
 }
 
+// Lane 0, top-p after top-k's cut-off (w_prefix) over a list of keys in [S_CMIN, S_CMAX] that
+// holds every key at or above that cut-off: the cut-off becomes top-p's lower key bound
+// (w_kbase), and the leading bytes of the keys at or above it are skipped (shared_bytes; a
+// cut-off below S_CMIN, where top-k cut nothing, shares them from S_CMIN).
+fn top_p_after_top_k(at: u32) {
+    w_kbase = w_prefix;
+    shared_bytes(max(w_prefix, atomicLoad(&state[at + S_CMIN])), atomicLoad(&state[at + S_CMAX]));
+}
+
 // The last step of top-k (ST_KC) and top-p (ST_PC): radix rounds over the chosen bin's entries,
 // from the slot's list, or from the row (restricted to the bin) when the bin was too full for
 // the list. The largest key whose upper set within the bin weighs (counts or masses) what is
@@ -1023,8 +1033,7 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
         // Top-p over the list's keys at or above top-k's cut-off: they share the leading bytes
         // of that key and the list's greatest.
         if (lane == 0u) {
-            w_kbase = w_prefix;
-            shared_bytes(w_prefix, atomicLoad(&state[at + S_CMAX]));
+            top_p_after_top_k(at);
         }
         let first_p = workgroupUniformLoad(&w_stop);
         var tp = t;
@@ -1046,9 +1055,9 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
     }
 }
 
-// Lane 0 of `pick` after the max scan: the row's next stage, and min-p's bound as the new kbase
-// (a non-finite max cuts nothing: kbase is still KEY_MIN_FINITE then).
-fn pick_bound(at: u32, info: ReqInfo) {
+// Lane 0 of `pick` after the max scan: the row's next stage (returned), and min-p's bound as the
+// new kbase (also in w_kbase; a non-finite max cuts nothing: kbase is still KEY_MIN_FINITE then).
+fn pick_bound(at: u32, info: ReqInfo) -> u32 {
     var next = next_stage(ST_MAX, info);
     var kbase = atomicLoad(&state[at + S_KBASE]);
     let max_key = atomicLoad(&state[at + S_MAX]);
@@ -1062,6 +1071,9 @@ fn pick_bound(at: u32, info: ReqInfo) {
     if (next == ST_DONE) {
         cutoffs[w_slot] = cut_of(kbase);
     }
+    w_kbase = kbase;
+    w_max = max_key;
+    return next;
 }
 
 // Keeps key `kx` of the list in p_keys when it is at least floor (the zero keys past the list's
@@ -1075,55 +1087,8 @@ fn keep(kx: u32, floor: u32) {
     }
 }
 
-// `pick` after the scan of a row whose top-k takes candidates (uniform control flow). With a
-// finite max and every candidate in the list: min-p's bound (kbase) from the max, then the list's
-// count at or above floor = max(kbase, S_LOWER). S_LOWER is at most the row's (k+1)-th largest
-// key, so a count of at most k means the row holds at most k entries at or above kbase (top-k
-// cuts nothing, as the histogram's total tells in the value bins' stages); otherwise the radix
-// rounds over the list select the k-th largest key, which is the row's: the list holds the
-// row's k + 1 largest entries. Top-p then selects from the list's keys at or above top-k's
-// cut-off, every one of which the list holds. A workgroup with too many candidates (ties, or a
-// slice of equal finite masks) leaves the row to the value bins' stages, which follow.
-fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
-    if (lane == 0u) {
-        let max_key = atomicLoad(&state[at + S_MAX]);
-        var kbase = atomicLoad(&state[at + S_KBASE]);
-        // 0: select from the list; 1: no cut-off (non-finite max); 2: the value bins' stages.
-        var todo = 0u;
-        if (max_key < KEY_MIN_FINITE || max_key >= KEY_POS_INF) {
-            todo = 1u;
-        } else {
-            if (!is_neg_inf(info.log_min_p)) {
-                kbase = min_p_bound(max_key, info.inv_temperature, info.log_min_p);
-                atomicStore(&state[at + S_KBASE], kbase);
-            }
-            let count = atomicLoad(&state[at + S_LCOUNT]);
-            if (atomicLoad(&state[at + S_OVER]) != 0u || count > params.cut_list) {
-                todo = 2u;
-            }
-        }
-        w_stop = todo;
-        w_kbase = kbase;
-        w_max = max_key;
-        w_count = atomicLoad(&state[at + S_LCOUNT]);
-        w_floor = max(kbase, atomicLoad(&state[at + S_LOWER]));
-        w_top_p = select(0u, 1u, info.top_p < 1.0);
-        atomicStore(&p_cnt, 0u);
-    }
-    let todo = workgroupUniformLoad(&w_stop);
-    if (todo != 0u) {
-        if (lane == 0u) {
-            let next = select(ST_DONE, next_stage(ST_MAX, info), todo == 2u);
-            set_stage(at, next, w_kbase, info.inv_temperature);
-            if (next == ST_DONE) {
-                cutoffs[w_slot] = cut_of(w_kbase);
-            }
-        }
-        return;
-    }
-    let count = workgroupUniformLoad(&w_count);
-    let floor = w_floor;
-    // The list's keys at or above floor, kept in p_keys when they fit (four loads in flight).
+// The slot's list of `count` keys through keep (four loads in flight per lane).
+fn keep_list(lane: u32, at: u32, count: u32, floor: u32) {
     for (var i = 4u * lane; i < count; i += 4u * BINS) {
         let a = atomicLoad(&state[at + S_LIST + i]);
         var b = 0u;
@@ -1143,12 +1108,43 @@ fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo)
         keep(c, floor);
         keep(d, floor);
     }
+}
+
+// `pick` after the scan of a row whose top-k takes candidates (uniform control flow). With a
+// finite max and every candidate in the list: min-p's bound (kbase) from the max, then the list's
+// count at or above floor = max(kbase, S_LOWER). S_LOWER is at most the row's (k+1)-th largest
+// key, so a count of at most k means the row holds at most k entries at or above kbase (top-k
+// cuts nothing, as the histogram's total tells in the value bins' stages); otherwise the radix
+// rounds over the list select the k-th largest key, which is the row's: the list holds the
+// row's k + 1 largest entries. Top-p then selects from the list's keys at or above top-k's
+// cut-off, every one of which the list holds. A workgroup with too many candidates (ties, or a
+// slice of equal finite masks) leaves the row to the value bins' stages, which follow.
+fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
+    if (lane == 0u) {
+        // The value bins' next stage and min-p's bound, as for a row without candidates; the
+        // list's selection below moves the row on to DONE. A non-finite max (next is DONE: top-k
+        // is set) or an incomplete list leaves the row there.
+        let next = pick_bound(at, info);
+        let count = atomicLoad(&state[at + S_LCOUNT]);
+        let listed = atomicLoad(&state[at + S_OVER]) == 0u && count <= params.cut_list;
+        w_stop = select(1u, 0u, next != ST_DONE && listed);
+        w_count = count;
+        w_floor = max(w_kbase, atomicLoad(&state[at + S_LOWER]));
+        w_top_p = select(0u, 1u, info.top_p < 1.0);
+        atomicStore(&p_cnt, 0u);
+    }
+    if (workgroupUniformLoad(&w_stop) != 0u) {
+        return;
+    }
+    let count = workgroupUniformLoad(&w_count);
+    let floor = w_floor;
+    keep_list(lane, at, count, floor);
     workgroupBarrier();
     if (lane == 0u) {
         let kept = atomicLoad(&p_cnt);
         // More than p_keys holds: the selects read the slot's list, from floor up.
         w_count = select(count, kept, kept <= P_CAP);
-        w_acc_lo = select(0u, 1u, kept <= P_CAP);
+        w_in_keys = select(0u, 1u, kept <= P_CAP);
         let cuts = kept > info.top_k;
         w_all = select(0u, 1u, cuts);
         if (cuts) {
@@ -1162,7 +1158,7 @@ fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo)
     }
     let cuts = workgroupUniformLoad(&w_all) != 0u;
     let first = workgroupUniformLoad(&w_stop);
-    let in_keys = workgroupUniformLoad(&w_acc_lo) != 0u;
+    let in_keys = workgroupUniformLoad(&w_in_keys) != 0u;
     let n = workgroupUniformLoad(&w_count);
     let base = row_base(local_row, side);
     let len = row_len(side);
@@ -1176,11 +1172,10 @@ fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo)
         }
     }
     if (lane == 0u) {
-        // Top-k's cut-off; top-p's candidates are the list's keys at or above it.
-        w_kbase = w_prefix;
         if (info.top_p < 1.0) {
-            shared_bytes(max(w_prefix, atomicLoad(&state[at + S_CMIN])),
-                         atomicLoad(&state[at + S_CMAX]));
+            top_p_after_top_k(at);
+        } else {
+            w_kbase = w_prefix;
         }
     }
     if (workgroupUniformLoad(&w_top_p) != 0u) {
@@ -1226,7 +1221,7 @@ fn pick_prologue(row: u32, side: u32, lane: u32, cand: bool) -> u32 {
 fn pick_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let side = wid.z;
     if (pick_prologue(wid.y, side, lane, false) == ST_MAX && lane == 0u) {
-        pick_bound(state_at(wid.y, side), row_req(wid.y));
+        _ = pick_bound(state_at(wid.y, side), row_req(wid.y));
     }
 }
 
@@ -1244,7 +1239,7 @@ fn pick_top_k(@builtin(workgroup_id) wid: vec3<u32>,
     if (workgroupUniformLoad(&w_cand) != 0u) {
         pick_candidates(lane, at, wid.y, side, info);
     } else if (lane == 0u) {
-        pick_bound(at, info);
+        _ = pick_bound(at, info);
     }
 }
 
