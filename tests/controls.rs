@@ -430,6 +430,35 @@ fn top_k_cut_offs_from_a_long_candidate_list_equal_the_twin() {
     }
 }
 
+/// Small batches whose every filtered request sets a top-k take longer slices for the candidates
+/// (`candidate_slice` in src/gpu/cutoff.rs): 20 requests of V = 32,000 with 60 cut rows (target
+/// and draft logits) are scanned in 5 slices of 7,424 entries per row instead of 16 of 2,048, so
+/// each lane's maximum for the bound comes from the slice's first 4,096 entries only. Top-k
+/// alone, with min-p and with top-p after it, at three temperatures, rows with and without
+/// ties: the GPU's cut-offs must equal the twin's bit for bit, and the twin's must cut.
+#[test]
+fn top_k_cut_offs_from_longer_slices_equal_the_twin() {
+    let Some(v) = gpu() else { return };
+    let vocab = 32_000usize;
+    let (mut o, _) = batch(81, vocab, 20);
+    for (i, r) in o.requests.iter_mut().enumerate() {
+        let p = SamplingParams::seeded([0.7f32, 1.0, 1.5][i % 3], 9 + i as u64).with_top_k(40);
+        r.params = match i % 3 {
+            0 => p,
+            1 => p.with_min_p(0.05),
+            _ => p.with_top_p(0.95),
+        };
+    }
+    let a = cpu().cutoffs_blocking(&o.batch()).unwrap();
+    let rows = o.target.chunks(vocab).chain(o.draft.chunks(vocab));
+    for (row, &c) in rows.zip(&a) {
+        let kept = row.iter().filter(|&&x| x >= c).count();
+        assert!(kept < vocab, "the twin's cut-off {c} keeps the whole row");
+    }
+    let b = v.cutoffs_blocking(&o.batch()).unwrap();
+    assert_eq!(bit_differences(&a, &b), 0, "{a:?} vs {b:?}");
+}
+
 /// Min-p's bound is the least float that passes: rows holding the max and the 80 consecutive
 /// floats around the threshold m + T · ln(min_p), at several T and min_p. The entries kept must
 /// be exactly those x with (x − m) · (1 / T) ≥ ln(min_p) in f32 (the library's inverse

@@ -39,6 +39,44 @@ const CAND_MAX_SLICES: u32 = 64;
 /// holds).
 const CAND_MAX_SPREAD: u32 = 1024 * 4096 / 2;
 
+/// Entries per scan workgroup that `candidate_slice` raises small batches' slices to, where every
+/// filtered request's top-k takes candidates: fewer, longer slices give `pick_top_k` a shorter
+/// list (each slice adds at least k + 1 candidates), and the rows of R = 8 to 32 requests that
+/// had too many slices for candidates (V = 151,936) take them instead of the value bins' two more
+/// reads. Measured on an NVIDIA H200 (`docs/performance.md`, optimisation log).
+const CAND_SLICE: u32 = 16384;
+/// Fewest scan workgroups `candidate_slice` leaves a call: with 10 to 80 (batches of 1 to 8
+/// rows) the longer slices measured 1.04–1.11× slower.
+const CAND_MIN_WORKGROUPS: u64 = 256;
+/// Most slices per row after `candidate_slice` raises the slice: rows of 30 to 60 slices took
+/// candidates 1.01–1.14× slower than the value bins (batches of one request, V = 151,936).
+const CAND_RAISED_SLICES: u32 = 16;
+
+/// `slice` for the `entries` of a call's cut rows (`len` per row), raised towards `CAND_SLICE`
+/// where every filtered request of `reqs` sets a top-k that can take candidates (below the
+/// workgroup size, within `CAND_MAX_SPREAD` at that slice), as long as the scans keep
+/// `CAND_MIN_WORKGROUPS` workgroups and a row at most `CAND_RAISED_SLICES` slices. Tuning only,
+/// like `cut_slice`.
+fn candidate_slice(wg: u32, reqs: &[ReqInfo], slice: u32, len: u32, entries: u64) -> u32 {
+    let mut filtered = reqs.iter().filter(|r| r.flags & REQ_FILTER != 0).peekable();
+    if slice >= CAND_SLICE || wg != 256 || filtered.peek().is_none() {
+        return slice;
+    }
+    let mut most = CAND_SLICE;
+    for r in filtered {
+        if r.top_k == 0 || r.top_k >= wg {
+            return slice;
+        }
+        most = most.min(CAND_MAX_SPREAD / (r.top_k + 1));
+    }
+    let raised = (entries / CAND_MIN_WORKGROUPS).min(u64::from(most)) as u32 / wg * wg;
+    if raised > slice && len.div_ceil(raised) <= CAND_RAISED_SLICES {
+        raised
+    } else {
+        slice
+    }
+}
+
 /// The cutoff kernel's bindings: Params, target and draft rows, requests, row_info, then the
 /// cut-offs and the scratch it writes.
 pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
@@ -84,7 +122,13 @@ impl CutShape {
         let cut_len = plan
             .vocab
             .max(if cut_logits { plan.draft_vocab } else { 0 });
-        let slice = g.cut_slice(cut_len, cut_rows);
+        let slice = candidate_slice(
+            g.wg,
+            &plan.reqs,
+            g.cut_slice(cut_len, cut_rows),
+            cut_len,
+            u64::from(cut_len) * cut_rows as u64,
+        );
         let steps = {
             let filtered = || plan.reqs.iter().filter(|r| r.flags & REQ_FILTER != 0);
             // Min-p's bound comes from the max alone (the pick after the max scan).
@@ -286,5 +330,60 @@ impl GpuBackend {
                 pass.dispatch_workgroups(1, rows, cut.sides);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(top_k: u32, top_p: f32) -> ReqInfo {
+        ReqInfo {
+            flags: REQ_FILTER,
+            top_k,
+            top_p,
+            ..Default::default()
+        }
+    }
+
+    /// The slice for `rows` rows of `len` with `cut_slice`'s 2,048 (its floor at 256 lanes).
+    fn slice_for(reqs: &[ReqInfo], rows: u64, len: u32) -> u32 {
+        candidate_slice(256, reqs, 2048, len, rows * u64::from(len))
+    }
+
+    #[test]
+    fn small_top_k_batches_get_longer_slices_within_the_limits() {
+        let k40 = [req(40, 1.0); 8];
+        // R = 8, k = 4 (40 rows): CAND_SLICE, 10 slices of V = 151,936, 371 workgroups.
+        assert_eq!(slice_for(&k40, 40, 151_936), CAND_SLICE);
+        // V = 32,000: 40 rows keep 256 workgroups (32,000 · 40 / 256 = 5,000, down to 4,864).
+        assert_eq!(slice_for(&k40, 40, 32_000), 4864);
+        // k = 200 bounds the slice by the candidates' spread: 2,097,152 / 201 = 10,433.
+        assert_eq!(slice_for(&[req(200, 1.0)], 40, 151_936), 10240);
+        // Top-p after top-k takes candidates too; requests without filters do not count.
+        let mut mixed = vec![req(40, 0.95)];
+        mixed.push(ReqInfo::default());
+        assert_eq!(slice_for(&mixed, 40, 151_936), CAND_SLICE);
+    }
+
+    #[test]
+    fn other_batches_keep_their_slices() {
+        // One request at V = 151,936: 256 workgroups would leave rows of 54 slices.
+        assert_eq!(slice_for(&[req(40, 1.0)], 5, 151_936), 2048);
+        // 5 rows of V = 32,000: fewer than 256 workgroups of 2,048 already.
+        assert_eq!(slice_for(&[req(40, 1.0)], 5, 32_000), 2048);
+        // A request without top-k, or with one too large for candidates.
+        assert_eq!(slice_for(&[req(40, 1.0), req(0, 0.9)], 40, 151_936), 2048);
+        assert_eq!(slice_for(&[req(300, 1.0)], 40, 151_936), 2048);
+        // No filtered request, a workgroup size other than 256, a slice already long enough.
+        assert_eq!(slice_for(&[], 40, 151_936), 2048);
+        assert_eq!(
+            candidate_slice(128, &[req(40, 1.0)], 2048, 151_936, 40 * 151_936),
+            2048
+        );
+        assert_eq!(
+            candidate_slice(256, &[req(40, 1.0)], 21504, 151_936, 1152 * 151_936),
+            21504
+        );
     }
 }
