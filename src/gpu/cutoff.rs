@@ -41,12 +41,13 @@ const CAND_MAX_SPREAD: u32 = 1024 * 4096 / 2;
 
 /// Entries per scan workgroup that `candidate_slice` raises small batches' slices to, where every
 /// filtered request's top-k takes candidates: fewer, longer slices give `pick_top_k` a shorter
-/// list (each slice adds at least k + 1 candidates), and the rows of R = 8 to 32 requests that
-/// had too many slices for candidates (V = 151,936) take them instead of the value bins' two more
+/// list (each slice adds at least k + 1 candidates), and rows that had too many slices for
+/// candidates (R = 8 at V = 151,936: 75 of 2,048) take them instead of the value bins' two more
 /// reads. Measured on an NVIDIA H200 (`docs/performance.md`, optimisation log).
 const CAND_SLICE: u32 = 16384;
-/// Fewest scan workgroups `candidate_slice` leaves a call: with 10 to 80 (batches of 1 to 8
-/// rows) the longer slices measured 1.04–1.11× slower.
+/// Fewest scan workgroups `candidate_slice` leaves a call: with 10 to 80 (batches of 5 to 40
+/// rows) the longer slices measured 1.04–1.11× slower, and with a floor of 128 one request at
+/// V = 151,936 still 1.03–1.04×.
 const CAND_MIN_WORKGROUPS: u64 = 256;
 /// Most slices per row after `candidate_slice` raises the slice: rows of 30 to 60 slices took
 /// candidates 1.01–1.14× slower than the value bins (batches of one request, V = 151,936).
@@ -354,7 +355,7 @@ mod tests {
     #[test]
     fn small_top_k_batches_get_longer_slices_within_the_limits() {
         let k40 = [req(40, 1.0); 8];
-        // R = 8, k = 4 (40 rows): CAND_SLICE, 10 slices of V = 151,936, 371 workgroups.
+        // R = 8, k = 4 (40 rows): CAND_SLICE, 10 slices of V = 151,936, 400 workgroups.
         assert_eq!(slice_for(&k40, 40, 151_936), CAND_SLICE);
         // V = 32,000: 40 rows keep 256 workgroups (32,000 · 40 / 256 = 5,000, down to 4,864).
         assert_eq!(slice_for(&k40, 40, 32_000), 4864);
