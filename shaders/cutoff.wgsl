@@ -1122,8 +1122,9 @@ fn keep_list(lane: u32, at: u32, count: u32, floor: u32) {
 fn pick_candidates(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo) {
     if (lane == 0u) {
         // The value bins' next stage and min-p's bound, as for a row without candidates; the
-        // list's selection below moves the row on to DONE. A non-finite max (next is DONE: top-k
-        // is set) or an incomplete list leaves the row there.
+        // list's selection below moves the row on to DONE. A non-finite max (the only way next
+        // is DONE here: the request sets top-k) or an incomplete list leaves the row where
+        // pick_bound put it.
         let next = pick_bound(at, info);
         let count = atomicLoad(&state[at + S_LCOUNT]);
         let listed = atomicLoad(&state[at + S_OVER]) == 0u && count <= params.cut_list;
