@@ -440,6 +440,12 @@ impl Verifier {
     /// the next submission. Nothing is submitted here: submit the encoder, then call
     /// [`Verifier::read_blocking`] / [`Verifier::read`], or consume
     /// [`PendingVerify::output_buffer`] on the GPU.
+    ///
+    /// The bind groups over the caller's buffers are kept and reused by the next call that
+    /// binds the same ranges of the same buffers (a decode loop's calls do), which saves wgpu's
+    /// bind-group creation on every call. They hold a reference: the buffers of a call stay
+    /// allocated after the caller drops them, until a later call binds other buffers, until
+    /// [`Verifier::forget_buffers`], or until the verifier is dropped.
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -519,6 +525,29 @@ impl Verifier {
     pub fn release(&self, pending: PendingVerify) {
         if let Backend::Gpu(g) = &self.backend {
             g.give_back(pending.ws);
+        }
+    }
+
+    /// Lets go of the caller's buffers that the verifier keeps alive through the bind groups
+    /// of its last calls ([`Verifier::record`]): call it after dropping a large logits buffer
+    /// whose memory should be freed before the next call. A call in flight lets go of its
+    /// buffers at its workspace's next call. Nothing to do on the CPU backend.
+    pub fn forget_buffers(&self) {
+        if let Backend::Gpu(g) = &self.backend {
+            g.forget_buffers();
+        }
+    }
+
+    /// Test hook: bind groups made so far, and the caller buffers the pooled workspaces keep
+    /// alive through kept groups (`(0, 0)` on the CPU backend).
+    #[doc(hidden)]
+    pub fn bind_group_counts(&self) -> (u64, usize) {
+        match &self.backend {
+            Backend::Gpu(g) => (
+                g.groups_made.load(std::sync::atomic::Ordering::Relaxed),
+                g.kept_caller_buffers(),
+            ),
+            Backend::Cpu(_) => (0, 0),
         }
     }
 

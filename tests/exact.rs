@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use specdec::{Rule, SamplingParams, Status, Verifier};
+use specdec::{Rule, SamplingParams, Status, Verifier, VerifyOutput};
 
 const NEG: f32 = f32::NEG_INFINITY;
 
@@ -669,4 +669,88 @@ fn a_reused_verifier_gives_every_request_its_residual_token() {
             }
         }
     }
+}
+
+/// `o`'s rows in two new GPU buffers of `v`'s device (target, draft).
+fn in_buffers(v: &Verifier, o: &Owned) -> (wgpu::Buffer, wgpu::Buffer) {
+    let (device, queue) = v.device().unwrap();
+    let make = |rows: &[f32]| {
+        let buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("test.rows"),
+            size: (rows.len().max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&buf, 0, bytemuck::cast_slice(rows));
+        buf
+    };
+    (make(&o.target), make(&o.draft))
+}
+
+/// `o` verified by `v` in place, over its rows in `bufs` (draft probabilities).
+fn verify_gpu_rows(v: &Verifier, o: &Owned, bufs: &(wgpu::Buffer, wgpu::Buffer)) -> VerifyOutput {
+    let (device, queue) = v.device().unwrap();
+    let batch = specdec::GpuVerifyBatch {
+        vocab_size: o.vocab,
+        requests: &o.requests,
+        draft_token_ids: &o.drafts,
+        target_logits: specdec::GpuRows::f32(&bufs.0, 0),
+        draft: specdec::GpuDraft::Probs(specdec::GpuRows::f32(&bufs.1, 0)),
+        draft_vocab_size: None,
+        synthetic_rates: None,
+    };
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending = v.record(&mut encoder, &batch).unwrap();
+    queue.submit([encoder.finish()]);
+    v.read_blocking(pending).unwrap()
+}
+
+#[test]
+fn bind_groups_over_the_callers_buffers_are_reused_for_those_buffers_only() {
+    // Calls over GPU-resident rows reuse the bind groups of an earlier call that bound the same
+    // ranges of the same buffers, and only those: two batches of one shape in two pairs of
+    // buffers must each give their own twin's tokens (a group matched on the ranges alone
+    // would read the other pair's rows), a repeated call must make no group, and a workspace
+    // must keep only its last call's buffers alive, none after `forget_buffers`.
+    if gpu().is_none() {
+        return;
+    }
+    let v = Verifier::new(specdec::VerifierOptions::default()).unwrap();
+    let mut gen = Gen::new(41);
+    let a = Owned::random(&mut gen, 6000, &[3, 1, 2], &[1.0, 0.7], 1, 0.3);
+    let mut b = Owned::random(&mut gen, 6000, &[3, 1, 2], &[1.0, 0.7], 1, 0.3);
+    b.requests.clone_from(&a.requests);
+    b.drafts.clone_from(&a.drafts);
+    let (want_a, want_b) = (
+        cpu().verify_blocking(&a.batch()).unwrap(),
+        cpu().verify_blocking(&b.batch()).unwrap(),
+    );
+    assert_ne!(
+        want_a.tokens, want_b.tokens,
+        "the two pairs must tell their rows apart"
+    );
+    let (bufs_a, bufs_b) = (in_buffers(&v, &a), in_buffers(&v, &b));
+    let check = |o: &Owned, bufs, want: &VerifyOutput, what: &str| {
+        let diff = twin_differences(&verify_gpu_rows(&v, o, bufs), want);
+        assert!(diff.is_empty(), "{what}: {diff:?}");
+        v.bind_group_counts()
+    };
+    let (first, kept) = check(&a, &bufs_a, &want_a, "first call over a");
+    assert_eq!(kept, 2, "a's target and draft buffers are kept");
+    let (again, _) = check(&a, &bufs_a, &want_a, "second call over a");
+    assert_eq!(again, first, "a repeated call makes no bind group");
+    let (other, kept) = check(&b, &bufs_b, &want_b, "b, other buffers of the same ranges");
+    assert!(other > again, "other buffers get groups of their own");
+    assert_eq!(kept, 2, "b's buffers replace a's");
+    let (back, _) = check(&a, &bufs_a, &want_a, "a after b");
+    assert!(back > other, "a's groups were let go with a's buffers");
+    v.forget_buffers();
+    assert_eq!(
+        v.bind_group_counts().1,
+        0,
+        "forget_buffers lets every caller buffer go"
+    );
+    let (after, kept) = check(&a, &bufs_a, &want_a, "a after forget_buffers");
+    assert!(after > back, "groups made again after forget_buffers");
+    assert_eq!(kept, 2);
 }

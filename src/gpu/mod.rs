@@ -139,6 +139,11 @@ pub(crate) struct GpuBackend {
     lost: Arc<Mutex<Option<String>>>,
     owns_device: bool,
     uncaptured: Arc<AtomicBool>,
+    /// Bumped by [`GpuBackend::forget_buffers`]: a workspace whose caller groups are older
+    /// drops them at its next call.
+    buffer_epoch: std::sync::atomic::AtomicU64,
+    /// Bind groups made by `bind_group` (kept or not), for the tests of their reuse.
+    pub groups_made: std::sync::atomic::AtomicU64,
 }
 
 impl GpuBackend {
@@ -227,6 +232,8 @@ impl GpuBackend {
             lost,
             owns_device,
             uncaptured,
+            buffer_epoch: std::sync::atomic::AtomicU64::new(0),
+            groups_made: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -265,6 +272,7 @@ impl GpuBackend {
         self.ensure_workspace(ws, plan, &shape);
         let rows = self.write_metadata(ws, plan, &shape, target, draft);
         let ws = &*ws;
+        self.bind_callers(ws, &callers(target, draft));
         scoped(&self.device, || {
             if let Some(ids) = device_ids {
                 Self::record_device_ids(encoder, ws, plan, ids);
@@ -359,6 +367,16 @@ impl GpuBackend {
         }
         Error::Gpu { detail }
     }
+}
+
+/// The caller's buffers a verification binds: the target rows' and the draft rows'.
+pub(super) fn callers<'a>(
+    target: GpuRows<'a>,
+    draft: Option<GpuRows<'a>>,
+) -> Vec<&'a wgpu::Buffer> {
+    std::iter::once(target.buffer)
+        .chain(draft.map(|d| d.buffer))
+        .collect()
 }
 
 /// Records the four phases (cutoff + row_stats, verify + block_mass, residual_argmax.block,

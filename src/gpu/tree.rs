@@ -126,6 +126,7 @@ impl GpuBackend {
                 .unwrap_or(0)
         };
         let ws = &*ws;
+        self.bind_callers(ws, &super::callers(src.target, src.draft));
         scoped(&self.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &rows);

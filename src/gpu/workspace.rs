@@ -43,15 +43,35 @@ impl Grow {
 }
 
 /// A bind group's identity: its kernel's layout and every buffer range it binds (binding,
-/// buffer, offset, size; `u64::MAX` for "to the end").
+/// buffer, offset, size; `u64::MAX` for "to the end"); `callers` when one of those buffers is
+/// the caller's.
 #[derive(PartialEq, Eq)]
 pub(super) struct GroupKey {
     kernel: crate::shaders::Kernel,
     ranges: Vec<(u32, wgpu::Buffer, u64, u64)>,
+    callers: bool,
 }
 
 /// Bind groups kept by a workspace (see `GpuBackend::bind_group`); cleared when it holds more.
 const MAX_KEPT_GROUPS: usize = 32;
+
+/// The bind groups a workspace keeps, and the caller's buffers they may bind.
+#[derive(Default)]
+struct KeptGroups {
+    groups: Vec<(GroupKey, wgpu::BindGroup)>,
+    /// The buffers of the caller (target rows, draft rows) that the workspace's last call bound,
+    /// and `GpuBackend::buffer_epoch` when it bound them.
+    callers: Vec<wgpu::Buffer>,
+    epoch: u64,
+}
+
+impl KeptGroups {
+    /// Drops every group over a caller's buffer and the buffers themselves.
+    fn drop_callers(&mut self) {
+        self.groups.retain(|(k, _)| !k.callers);
+        self.callers.clear();
+    }
+}
 
 /// Where each part of a call's metadata sits in [`Workspace::meta`]: byte offset and size.
 #[derive(Clone, Copy, Debug, Default)]
@@ -111,8 +131,9 @@ pub(crate) struct Workspace {
     pub(super) meta_at: MetaLayout,
     /// A tree batch's node table (chains keep their draft ids in `meta`).
     pub(super) tree_table: Grow,
-    /// Bind groups of earlier calls over this workspace's own buffers, by what they bind.
-    groups: std::sync::Mutex<Vec<(GroupKey, wgpu::BindGroup)>>,
+    /// Bind groups of earlier calls, by what they bind: over this workspace's own buffers, and
+    /// over the caller's buffers of its last call (`GpuBackend::bind_callers`).
+    groups: std::sync::Mutex<KeptGroups>,
     pub(super) block_stats: Grow,
     pub(super) row_stats: Grow,
     pub(super) tasks: Grow,
@@ -134,7 +155,7 @@ impl Workspace {
             meta: Grow::new("specdec.meta", storage | U::UNIFORM),
             meta_at: MetaLayout::default(),
             tree_table: Grow::new("specdec.tree_table", storage),
-            groups: std::sync::Mutex::new(Vec::new()),
+            groups: std::sync::Mutex::new(KeptGroups::default()),
             block_stats: Grow::new("specdec.block_stats", storage),
             row_stats: Grow::new("specdec.row_stats", storage),
             tasks: Grow::new("specdec.tasks", storage),
@@ -154,10 +175,9 @@ impl Workspace {
     /// creation failed validation, and reusing it would fail the next call that binds the same
     /// ranges.
     pub(crate) fn forget_groups(&self) {
-        self.groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let mut kept = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        kept.groups.clear();
+        kept.callers.clear();
     }
 
     /// Whether `b` is one of this workspace's buffers.
@@ -196,12 +216,58 @@ impl Workspace {
 }
 
 impl GpuBackend {
+    /// Names the caller's buffers (target rows, draft rows) a call over `ws` binds, before its
+    /// bind groups are made. Groups over other caller buffers, kept from the workspace's earlier
+    /// calls, are dropped with their references to those buffers: a workspace keeps at most one
+    /// call's caller buffers alive. So do groups kept before [`GpuBackend::forget_buffers`].
+    pub(super) fn bind_callers(&self, ws: &Workspace, buffers: &[&wgpu::Buffer]) {
+        let epoch = self.buffer_epoch.load(std::sync::atomic::Ordering::Acquire);
+        // Host batches bind the workspace's own upload buffers: no caller buffer to keep.
+        let buffers: Vec<&wgpu::Buffer> = buffers.iter().copied().filter(|b| !ws.owns(b)).collect();
+        let mut kept = ws.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let same = kept.epoch == epoch
+            && kept.callers.len() == buffers.len()
+            && kept.callers.iter().zip(&buffers).all(|(a, b)| a == *b);
+        if !same {
+            kept.drop_callers();
+            kept.callers = buffers.into_iter().cloned().collect();
+            kept.epoch = epoch;
+        }
+    }
+
+    /// Lets go of every caller buffer the pooled workspaces keep alive through their bind
+    /// groups; workspaces in flight drop theirs at their next call (`bind_callers`).
+    pub(crate) fn forget_buffers(&self) {
+        self.buffer_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        for ws in self.pool.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            ws.groups
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drop_callers();
+        }
+    }
+
+    /// Caller buffers the pooled workspaces keep alive through their bind groups.
+    pub(crate) fn kept_caller_buffers(&self) -> usize {
+        let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.iter()
+            .map(|ws| {
+                let kept = ws.groups.lock().unwrap_or_else(|p| p.into_inner());
+                kept.callers.len()
+            })
+            .sum()
+    }
+
     /// A bind group for `kernel` over `entries` (buffer bindings only). When every buffer it
-    /// binds is the workspace's own or the backend's dummy, the group is kept in the workspace
-    /// and the next call that binds the same ranges reuses it: creating bind groups is host time
-    /// on every call, and a pooled workspace binds the same buffers call after call (a decode
-    /// loop of one batch shape binds the same ranges too). Groups over a caller's buffers are
-    /// made afresh each call and not kept, so a workspace never keeps a caller's buffer alive.
+    /// binds is the workspace's own, the backend's dummy or a caller buffer named by
+    /// `bind_callers` for this call, the group is kept in the workspace and the next call that
+    /// binds the same ranges reuses it: creating a bind group costs wgpu ~5 µs of host time on
+    /// an H200's host (2-3 groups over the caller's rows per call, 10-20 µs of its 50-100 µs of
+    /// host work; `docs/performance.md`), and a decode loop of one batch shape binds the same
+    /// ranges call after call. The price: the caller's buffers of a workspace's last call stay
+    /// allocated until a call binds others, [`crate::Verifier::forget_buffers`] or the verifier
+    /// is dropped.
     pub(super) fn bind_group(
         &self,
         ws: &Workspace,
@@ -209,22 +275,28 @@ impl GpuBackend {
         label: &'static str,
         entries: &[wgpu::BindGroupEntry<'_>],
     ) -> wgpu::BindGroup {
+        let mut kept = ws.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut callers = false;
         let ranges: Option<Vec<_>> = entries
             .iter()
             .map(|e| match &e.resource {
-                wgpu::BindingResource::Buffer(b)
-                    if ws.owns(b.buffer) || *b.buffer == self.dummy =>
-                {
+                wgpu::BindingResource::Buffer(b) => {
+                    let own = ws.owns(b.buffer) || *b.buffer == self.dummy;
+                    let caller = !own && kept.callers.iter().any(|c| c == b.buffer);
+                    callers |= caller;
                     let size = b.size.map_or(u64::MAX, |s| s.get());
-                    Some((e.binding, b.buffer.clone(), b.offset, size))
+                    (own || caller).then(|| (e.binding, b.buffer.clone(), b.offset, size))
                 }
                 _ => None,
             })
             .collect();
-        let key = ranges.map(|ranges| GroupKey { kernel, ranges });
-        let mut kept = ws.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let key = ranges.map(|ranges| GroupKey {
+            kernel,
+            ranges,
+            callers,
+        });
         if let Some(k) = &key {
-            if let Some((_, g)) = kept.iter().find(|(held, _)| held == k) {
+            if let Some((_, g)) = kept.groups.iter().find(|(held, _)| held == k) {
                 return g.clone();
             }
         }
@@ -233,11 +305,13 @@ impl GpuBackend {
             layout: &self.layouts[&kernel],
             entries,
         });
+        self.groups_made
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(k) = key {
-            if kept.len() >= MAX_KEPT_GROUPS {
-                kept.clear();
+            if kept.groups.len() >= MAX_KEPT_GROUPS {
+                kept.groups.clear();
             }
-            kept.push((k, group.clone()));
+            kept.groups.push((k, group.clone()));
         }
         group
     }
