@@ -299,6 +299,33 @@ fn a_wait_past_the_timeout_is_a_timeout_error_and_the_verifier_goes_on() {
     assert_eq!(ok.verify_blocking(&big.batch()).unwrap(), want);
 }
 
+#[test]
+fn a_long_spin_wait_ends_when_the_result_is_back() {
+    // A blocking read polls for up to `spin_wait` before it sleeps. It must return as soon as
+    // the result is mapped, with the twin's tokens: three calls under a 30 s budget take well
+    // under its 90 s (a loop that missed the result would spend the budget, then sleep).
+    if gpu().is_none() {
+        return;
+    }
+    let mut g = Gen::new(18);
+    let b = Owned::random(&mut g, 5000, &[3, 2], &[1.0, 0.0], 1, 0.7);
+    let want = cpu().verify_blocking(&b.batch()).unwrap();
+    let v = Verifier::new(VerifierOptions {
+        spin_wait: Some(Duration::from_secs(30)),
+        ..Default::default()
+    })
+    .unwrap();
+    let start = std::time::Instant::now();
+    for call in 0..3 {
+        assert_eq!(v.verify_blocking(&b.batch()).unwrap(), want, "call {call}");
+    }
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "three polled calls took {took:?}"
+    );
+}
+
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()

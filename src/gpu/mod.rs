@@ -117,6 +117,10 @@ pub enum Timestamps<'a> {
 /// where an H200 stopped gaining from the early race (`docs/performance.md`).
 const EARLY_RACE_ENTRIES: u64 = 1_250_000;
 
+/// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
+/// the whole call of up to 32 requests on an H200 (`docs/performance.md`).
+const SPIN_WAIT: Duration = Duration::from_millis(1);
+
 /// The device, its pipelines and the workspace pool.
 pub(crate) struct GpuBackend {
     pub device: wgpu::Device,
@@ -130,6 +134,8 @@ pub(crate) struct GpuBackend {
     wide_greedy_chunks: u32,
     max_binding: u64,
     timeout: Duration,
+    /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
+    spin_wait: Duration,
     layouts: Layouts,
     pipelines: Pipelines,
     /// The shader variant the pipelines were built from.
@@ -214,6 +220,13 @@ impl GpuBackend {
                 0
             },
         );
+        let spin_wait =
+            opts.spin_wait
+                .unwrap_or(if info.device_type == wgpu::DeviceType::DiscreteGpu {
+                    SPIN_WAIT
+                } else {
+                    Duration::ZERO
+                });
         Ok(GpuBackend {
             device,
             queue,
@@ -224,6 +237,7 @@ impl GpuBackend {
             wide_greedy_chunks,
             max_binding,
             timeout: opts.timeout,
+            spin_wait,
             layouts,
             pipelines,
             variant,

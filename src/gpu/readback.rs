@@ -70,6 +70,16 @@ impl GpuBackend {
         flag: &MapFlag,
     ) -> Result<VerifyWords, Error> {
         let start = std::time::Instant::now();
+        // Poll in a loop first (`VerifierOptions::spin_wait`, within the timeout): waking from
+        // the driver's wait costs a small call more than its GPU time.
+        let spin = self.spin_wait.min(self.timeout);
+        while start.elapsed() < spin {
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            if let Some(w) = self.collect(ws, words, flag)? {
+                return Ok(w);
+            }
+            std::hint::spin_loop();
+        }
         self.wait(submission)?;
         loop {
             if let Some(w) = self.collect(ws, words, flag)? {
@@ -94,6 +104,11 @@ impl GpuBackend {
     /// The call's timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long a blocking read polls before it sleeps (`VerifierOptions::spin_wait`).
+    pub(crate) fn spin_wait(&self) -> Duration {
+        self.spin_wait
     }
 
     /// Copies the mapped readback out once `flag` is set. `Ok(None)` while still pending.

@@ -139,6 +139,9 @@ pub struct BenchConfig {
     pub early_race_entries: Option<u64>,
     /// `VerifierOptions::wide_greedy_chunks` of the verifier under test (`None`: its default).
     pub wide_greedy_chunks: Option<u32>,
+    /// `VerifierOptions::spin_wait` of the verifier under test (`None`: its default); the
+    /// round-trip floor waits the same way.
+    pub spin_wait: Option<std::time::Duration>,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
@@ -186,6 +189,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
+            spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -214,6 +218,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
+            spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             shader_checks: None,
             workgroup_size: None,
@@ -286,8 +291,11 @@ pub struct BenchReport {
     pub int64: bool,
     /// The smallest whole round trip through wgpu on this device, median µs: write 64 bytes,
     /// one dispatch of one workgroup, copy 256 bytes to a mappable buffer, map and read them.
-    /// What a whole call cannot go below; `None` on the CPU backend.
+    /// What a whole call cannot go below; `None` on the CPU backend. It waits for the map as the
+    /// verifier's blocking reads do: polling for up to `floor_spin_us`, then sleeping.
     pub floor_us: Option<f64>,
+    /// The verifier's `spin_wait` in µs, which the floor's wait used too.
+    pub floor_spin_us: f64,
     /// The dispatch-chain floor: GPU time of one timed compute pass of 1 to 4 dependent
     /// dispatches that do almost nothing, at a few workgroup counts. What a pass of that many
     /// dependent kernels cannot go below on this device, whatever the kernels do; empty without
@@ -533,6 +541,7 @@ impl GpuBench {
             target_workgroups: cfg.target_workgroups,
             early_race_entries: cfg.early_race_entries,
             wide_greedy_chunks: cfg.wide_greedy_chunks,
+            spin_wait: cfg.spin_wait,
             shader_checks: cfg.shader_checks,
             workgroup_size: cfg.workgroup_size,
             ..VerifierOptions::default()
@@ -727,6 +736,13 @@ impl GpuBench {
         Ok(())
     }
 
+    /// The verifier's `spin_wait`, resolved for this adapter.
+    fn spin_wait(&self) -> std::time::Duration {
+        self.verifier
+            .gpu_backend()
+            .map_or(std::time::Duration::ZERO, |g| g.spin_wait())
+    }
+
     /// [`BenchReport::floor_us`]: the median of `reps` smallest round trips, after 20 untimed.
     fn round_trip_floor(&self, reps: usize) -> Result<f64, Error> {
         let g = self.verifier.gpu_backend().expect("GPU verifier");
@@ -759,7 +775,7 @@ impl GpuBench {
             g.record_read_bandwidth(&mut enc, &data, &sink, 1, None);
             enc.copy_buffer_to_buffer(&data, 0, &read, 0, 256);
             let idx = self.queue.submit([enc.finish()]);
-            map_u64(&self.device, &read, idx)?;
+            map_u64(&self.device, &read, idx, g.spin_wait())?;
             if i >= 20 {
                 times.push(t0.elapsed().as_secs_f64() * 1e6);
             }
@@ -1011,7 +1027,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         info.name
     ));
     let floor_us = b.round_trip_floor(200)?;
-    progress(&format!("round-trip floor {floor_us:.1} µs"));
+    let floor_spin_us = b.spin_wait().as_secs_f64() * 1e6;
+    progress(&format!(
+        "round-trip floor {floor_us:.1} µs (reads poll up to {floor_spin_us:.0} µs)"
+    ));
     let chain_floor = b.dispatch_chain_floor(cfg.reps)?;
     if !chain_floor.is_empty() {
         progress(&format!(
@@ -1055,6 +1074,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         warm_reads,
         timestamps,
         floor_us: Some(floor_us),
+        floor_spin_us,
         chain_floor,
         rows,
     })
@@ -1112,7 +1132,7 @@ fn resolve_ticks(
     enc.resolve_query_set(qs, 0..count, resolve, 0);
     enc.copy_buffer_to_buffer(resolve, 0, read, 0, 8 * u64::from(count));
     let idx = queue.submit([enc.finish()]);
-    let mut t = map_u64(device, read, idx)?;
+    let mut t = map_u64(device, read, idx, std::time::Duration::ZERO)?;
     t.truncate(count as usize);
     Ok(t)
 }
@@ -1130,14 +1150,28 @@ fn wait_for(device: &wgpu::Device, idx: wgpu::SubmissionIndex, secs: u64) -> Res
         })
 }
 
+/// The words of `buf` once submission `idx` is done, polling for up to `spin` before sleeping.
 fn map_u64(
     device: &wgpu::Device,
     buf: &wgpu::Buffer,
     idx: wgpu::SubmissionIndex,
+    spin: std::time::Duration,
 ) -> Result<Vec<u64>, Error> {
     let slice = buf.slice(..);
-    slice.map_async(wgpu::MapMode::Read, |_| {});
-    wait_for(device, idx, 60)?;
+    let mapped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = mapped.clone();
+    slice.map_async(wgpu::MapMode::Read, move |_| {
+        flag.store(true, std::sync::atomic::Ordering::Release);
+    });
+    // Poll first for up to `spin`, as the verifier's blocking reads do, then sleep.
+    let start = Instant::now();
+    while start.elapsed() < spin && !mapped.load(std::sync::atomic::Ordering::Acquire) {
+        let _ = device.poll(wgpu::PollType::Poll);
+        std::hint::spin_loop();
+    }
+    if !mapped.load(std::sync::atomic::Ordering::Acquire) {
+        wait_for(device, idx, 60)?;
+    }
     let out = {
         let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
             detail: e.to_string(),
@@ -1274,7 +1308,7 @@ fn ceilings(
             let t0 = Instant::now();
             let idx = queue.submit([enc.finish()]);
             if qs.is_some() {
-                let t = map_u64(device, &read, idx)?;
+                let t = map_u64(device, &read, idx, std::time::Duration::ZERO)?;
                 times.push(t[1].wrapping_sub(t[0]) as f64 * period_ns / 1e9);
             } else {
                 wait(idx)?;
@@ -1434,6 +1468,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         timestamps: false,
         int64: false,
         floor_us: None,
+        floor_spin_us: 0.0,
         chain_floor: Vec::new(),
         rows,
     })
@@ -1549,8 +1584,10 @@ impl BenchReport {
             self.read_gbps,
             self.read_gbps_end,
             warm_summary(&self.warm_reads),
-            self.floor_us
-                .map_or("-".to_string(), |f| format!("{f:.1} µs")),
+            self.floor_us.map_or("-".to_string(), |f| format!(
+                "{f:.1} µs (reads poll up to {:.0} µs)",
+                self.floor_spin_us
+            )),
             if self.chain_floor.is_empty() {
                 "-".to_string()
             } else {
@@ -1853,6 +1890,9 @@ Options:
   --wide-greedy N     all-greedy batches of at most N chunks reduce over whole workgroups
                       (VerifierOptions::wide_greedy_chunks; 0 = off; default: 1,024 on discrete
                       GPUs, else off)
+  --spin-us N         a blocking read polls the device for up to N µs before it sleeps
+                      (VerifierOptions::spin_wait; 0 = sleep at once; default: 1,000 on discrete
+                      GPUs, else 0); the round-trip floor waits the same way
   --shader-checks C   naga's runtime checks in every kernel: all, no-loop-bounds,
                       no-index-checks or none (default: per kernel, VerifierOptions::shader_checks)
   --top-p P           top_p of sampled requests (runs the cutoff pass; default 1 = off)
@@ -1965,6 +2005,10 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--target-wgs" => cfg.target_workgroups = parse_one("--target-wgs", &value()?)?,
             "--early-race" => {
                 cfg.early_race_entries = Some(parse_one("--early-race", &value()?)?);
+            }
+            "--spin-us" => {
+                let us: u64 = parse_one("--spin-us", &value()?)?;
+                cfg.spin_wait = Some(std::time::Duration::from_micros(us));
             }
             "--wide-greedy" => {
                 cfg.wide_greedy_chunks = Some(parse_one("--wide-greedy", &value()?)?);
