@@ -56,13 +56,14 @@ pub struct VerifierOptions {
     pub timeout: Duration,
     /// How long a blocking read ([`Verifier::read_blocking`], [`Verifier::verify_blocking`])
     /// polls the device in a loop for its result before it sleeps in the driver's wait. Waking
-    /// from that wait is slow: on an H200's machine a round trip through wgpu took 82-90 µs
-    /// sleeping and 44-55 µs polling, and a small call's whole time went down by a quarter
+    /// from that wait is slow: on an H200's machine a round trip through wgpu took 84-104 µs
+    /// sleeping and 57 µs polling, and whole calls 0.76x as long (R = 1: 0.64x) when polling
     /// (`docs/performance.md`). The price is a CPU core kept busy for up to this long per call.
-    /// `None` (the default) is 1 ms on adapters wgpu reports as discrete GPUs, which covers a
-    /// call of up to 32 requests there, and 0 (sleep at once) elsewhere: a software adapter
-    /// runs the kernels on the cores a loop would take, and integrated GPUs are not measured.
-    /// The async [`Verifier::read`] polls between yields to its executor whatever this is.
+    /// `None` (the default) is 1 ms on adapters wgpu reports as discrete GPUs, longer than the
+    /// calls measured there up to 128 requests of 4 drafts, and 0 (sleep at once) elsewhere: a
+    /// software adapter runs the kernels on the cores a loop would take, and integrated GPUs are
+    /// not measured. The async [`Verifier::read`] polls between yields to its executor whatever
+    /// this is.
     pub spin_wait: Option<Duration>,
     /// Use 64-bit integer multiplies in the random-number generator when the device offers
     /// `SHADER_INT64` (default true; `Verifier::new` asks for the feature when the adapter has

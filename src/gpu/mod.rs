@@ -118,7 +118,8 @@ pub enum Timestamps<'a> {
 const EARLY_RACE_ENTRIES: u64 = 1_250_000;
 
 /// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
-/// the whole call of up to 32 requests on an H200 (`docs/performance.md`).
+/// the whole calls measured on an H200 up to 128 requests of 4 drafts (60-350 µs,
+/// `benches/results/nvidia-h200-vulkan-spin-wait.csv`).
 const SPIN_WAIT: Duration = Duration::from_millis(1);
 
 /// The device, its pipelines and the workspace pool.

@@ -219,7 +219,8 @@ impl GpuBackend {
     /// Names the caller's buffers (target rows, draft rows) a call over `ws` binds, before its
     /// bind groups are made. Groups over other caller buffers, kept from the workspace's earlier
     /// calls, are dropped with their references to those buffers: a workspace keeps at most one
-    /// call's caller buffers alive. So do groups kept before [`GpuBackend::forget_buffers`].
+    /// call's caller buffers alive. Groups kept before [`GpuBackend::forget_buffers`] are
+    /// dropped too.
     pub(super) fn bind_callers(&self, ws: &Workspace, buffers: &[&wgpu::Buffer]) {
         let epoch = self.buffer_epoch.load(std::sync::atomic::Ordering::Acquire);
         // Host batches bind the workspace's own upload buffers: no caller buffer to keep.
@@ -263,7 +264,7 @@ impl GpuBackend {
     /// binds is the workspace's own, the backend's dummy or a caller buffer named by
     /// `bind_callers` for this call, the group is kept in the workspace and the next call that
     /// binds the same ranges reuses it: creating a bind group costs wgpu ~5 µs of host time on
-    /// an H200's host (2-3 groups over the caller's rows per call, 10-20 µs of its 50-100 µs of
+    /// an H200's host (2-4 groups over the caller's rows per call, 9-20 µs of its 50-100 µs of
     /// host work; `docs/performance.md`), and a decode loop of one batch shape binds the same
     /// ranges call after call. The price: the caller's buffers of a workspace's last call stay
     /// allocated until a call binds others, [`crate::Verifier::forget_buffers`] or the verifier
