@@ -3,7 +3,8 @@
 // One workgroup of 64 per request. Each row's decision depends on that row alone, so the lanes
 // take the rows in parallel: merge the chunk partials (in runs of chunks, the statistics contract
 // of common.wgsl; a lane per run, then a lane per row) into `row_stats`, decide the draft, and record the first rejection with an atomic
-// minimum. Then lane 0 settles the row where the request stopped. The kernel never reads the
+// minimum. Then lane 0 settles the row where the request stopped (greedy requests of at most 64
+// rows settle from the merge's registers, greedy_settle). The kernel never reads the
 // logits, so its cost does not grow with the vocabulary.
 //
 // Draft i: greedy requests accept iff d_i == argmax; synthetic ones iff u_i < rate_i; the
@@ -394,14 +395,40 @@ var<workgroup> wg_pending: u32;
 override WIDE: bool = false;
 override VERIFY_WG: u32 = select(64u, max(WG, 64u), WIDE);
 
+// A lane's own row of a greedy request after merge_greedy_rows: its merged statistics and its
+// drafted token (-1 at the bonus row), for greedy_settle.
+struct GreedyRow {
+    st: RowStats,
+    drafted: i32,
+}
+
+// The drafted token's values of `row` (target and draft), from the one chunk that holds it;
+// zero for the bonus row, as finish_row leaves a greedy merge's zeroed statistics there.
+fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
+    if (drafted < 0) {
+        return vec2<f32>(0.0);
+    }
+    let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
+    return vec2<f32>(holder.t_at_d, holder.q_at_d);
+}
+
 // Greedy request `info`'s rows merged in parallel (see g_key), written to row_stats, and
-// decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform.
-fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
+// decided as `main`'s loop decides them. Every lane calls it; `rows` (k + 1) is uniform. Lane i
+// loads its row's drafted token and the values at it before the merge's loads are waited for,
+// so they cost no memory latency of their own. Returns, on lane i < rows, row i of the last group
+// of 64 rows (all of them when rows <= 64).
+fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> GreedyRow {
     let n = params.num_chunks;
+    var mine: GreedyRow;
     for (var g = 0u; g < rows; g += 64u) {
         let count = min(64u, rows - g);
         let first = (info.row_offset + g) * n;
+        let i = g + lane;
+        var drafted = -1;
+        var at_d = vec2<f32>(0.0);
         if (lane < count) {
+            drafted = drafted_at(info, i);
+            at_d = drafted_values(info.row_offset + i, drafted);
             atomicStore(&g_key[lane], 0u);
             atomicStore(&g_arg[lane], NO_INDEX);
             atomicStore(&g_flags[lane], 0u);
@@ -420,19 +447,46 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) {
             }
         }
         workgroupBarrier();
-        let i = g + lane;
         if (lane < count) {
             var st: RowStats;
             st.t_max = from_order_key(atomicLoad(&g_key[lane]));
             st.t_arg = atomicLoad(&g_arg[lane]);
+            if (st.t_arg == NO_INDEX) {
+                st.t_arg = 0u; // no maximum anywhere (all -inf): token 0, as finish_row
+            }
             st.flags = atomicLoad(&g_flags[lane]);
             st.q_max = bitcast<f32>(NEG_INF_BITS);
-            let drafted = drafted_at(info, i);
+            st.t_at_d = at_d.x;
+            st.q_at_d = at_d.y;
             // Greedy decisions never read the draft row (its q_max is left at -inf).
-            record_row(info, i, finish_row(st, info.row_offset + i, drafted), drafted, false);
+            record_row(info, i, st, drafted, false);
+            mine = GreedyRow(st, drafted);
         }
-        // The next group reuses the arrays.
+        // The next group reuses the arrays; after the last, first_stop is final.
         workgroupBarrier();
+    }
+    return mine;
+}
+
+// Settles a greedy request of at most 64 rows from merge_greedy_rows' registers, as `settle`
+// does from row_stats: lane j writes slot j (its own row's draft where it was accepted), the
+// lane of the stopping row what settle's lane 0 writes. No round trip through row_stats and
+// draft_ids after the merge (the pass's last dependent loads at small batches).
+fn greedy_settle(r: u32, lane: u32, info: ReqInfo, mine: GreedyRow) {
+    let stop = atomicLoad(&first_stop);
+    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    for (var j = lane; j < params.out_stride; j += VERIFY_WG) {
+        if (j < stop) {
+            // j < stop <= k: lane j holds row j.
+            out_words[info.out_offset + j] = bitcast<u32>(mine.drafted);
+            put_logprobs(info.out_offset + j, logprobs_of(info, mine.st, mine.st.t_at_d));
+        } else if (j > stop) {
+            out_words[info.out_offset + j] = bitcast<u32>(-1);
+            put_logprobs(info.out_offset + j, nan2);
+        }
+    }
+    if (lane == stop) {
+        settle_stop(r, info, stop, mine.st, mine.drafted, false);
     }
 }
 
@@ -455,7 +509,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let req = workgroupUniformLoad(&wg_req);
     if (req.y != 0u) {
-        merge_greedy_rows(info, lane, req.x);
+        let mine = merge_greedy_rows(info, lane, req.x);
+        if (req.x <= 64u) {
+            greedy_settle(r, lane, info, mine);
+            return;
+        }
     }
     // Otherwise a lane per run of chunks, then a lane per row folds its runs and decides its
     // draft. (Loops guarded by `req.y == 0u`, not an else branch: written as if/else, the H200's
@@ -533,10 +591,8 @@ fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 // accepted tokens and their logprobs, -1 padding, then (lane 0) the row where it stopped — a
 // rejection, a non-finite row, or the bonus row — and its residual task.
 fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) {
-    let k = info.num_drafts;
-    let greedy = (info.flags & REQ_GREEDY) != 0u;
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
-    // (Slot `stop` belongs to lane 0 below, or to the residual pass.)
+    // (Slot `stop` belongs to settle_stop on lane 0, or to the residual pass.)
     let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
     for (var j = lane; j < params.out_stride; j += lanes) {
         if (j < stop) {
@@ -551,7 +607,15 @@ fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) 
     if (lane != 0u) {
         return;
     }
-    let st = row_stats[info.row_offset + stop];
+    settle_stop(r, info, stop, row_stats[info.row_offset + stop], drafted_at(info, stop), block);
+}
+
+// Settle's part for the row where request r stopped (statistics `st`, drafted token `d`, -1 at
+// the bonus row): its token or residual task, its logprobs, the emitted count and the status.
+fn settle_stop(r: u32, info: ReqInfo, stop: u32, st: RowStats, d: i32, block: bool) {
+    let k = info.num_drafts;
+    let greedy = (info.flags & REQ_GREEDY) != 0u;
+    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
     var status = 0u;
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
     var final_token = -1;
@@ -567,7 +631,6 @@ fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) 
         }
         final_token = i32(st.t_arg);
     } else if (stop < k) {
-        let d = draft_ids[info.draft_offset + stop];
         var o = Outcome(false, false, true);
         if (!block) {
             o = row_outcome(info, stop, st, d);
