@@ -33,7 +33,7 @@ mod workspace;
 pub(crate) use adapter::{enumerate, rank_adapters, workgroup_size};
 pub use adapter::{required_limits, select_adapter};
 pub(crate) use bindings::{entry, layout_entry, ranged, scoped, storage};
-pub(crate) use readback::MapFlag;
+pub(crate) use readback::{spin_poll, MapFlag};
 pub(crate) use tree::{decode_tree, tree_readback_words};
 pub(crate) use workspace::Workspace;
 

@@ -16,6 +16,26 @@ pub(crate) type VerifyWords = Vec<u32>;
 /// Set by the map callback: `Some(result)` once the readback is mapped (or failed).
 pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>;
 
+/// Polls `device` without blocking until `ready` gives a value or `spin` has passed (`None`
+/// then). Blocking reads call it before they sleep in the driver's wait, since waking from that
+/// wait costs a small call more than its GPU time (`VerifierOptions::spin_wait`); the
+/// benchmark's round-trip floor waits the same way, so that calls and floor are comparable.
+pub(crate) fn spin_poll<T>(
+    device: &wgpu::Device,
+    spin: Duration,
+    mut ready: impl FnMut() -> Result<Option<T>, Error>,
+) -> Result<Option<T>, Error> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < spin {
+        let _ = device.poll(wgpu::PollType::Poll);
+        if let Some(v) = ready()? {
+            return Ok(Some(v));
+        }
+        std::hint::spin_loop();
+    }
+    Ok(None)
+}
+
 impl GpuBackend {
     /// Queues the copy of the packed output (`words` words) into the readback buffer.
     pub(super) fn record_readback_copy(
@@ -70,15 +90,9 @@ impl GpuBackend {
         flag: &MapFlag,
     ) -> Result<VerifyWords, Error> {
         let start = std::time::Instant::now();
-        // Poll in a loop first (`VerifierOptions::spin_wait`, within the timeout): waking from
-        // the driver's wait costs a small call more than its GPU time.
         let spin = self.spin_wait.min(self.timeout);
-        while start.elapsed() < spin {
-            let _ = self.device.poll(wgpu::PollType::Poll);
-            if let Some(w) = self.collect(ws, words, flag)? {
-                return Ok(w);
-            }
-            std::hint::spin_loop();
+        if let Some(w) = spin_poll(&self.device, spin, || self.collect(ws, words, flag))? {
+            return Ok(w);
         }
         self.wait(submission)?;
         loop {

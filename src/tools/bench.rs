@@ -1164,12 +1164,12 @@ fn map_u64(
         flag.store(true, std::sync::atomic::Ordering::Release);
     });
     // Poll first for up to `spin`, as the verifier's blocking reads do, then sleep.
-    let start = Instant::now();
-    while start.elapsed() < spin && !mapped.load(std::sync::atomic::Ordering::Acquire) {
-        let _ = device.poll(wgpu::PollType::Poll);
-        std::hint::spin_loop();
-    }
-    if !mapped.load(std::sync::atomic::Ordering::Acquire) {
+    let is_mapped = || {
+        Ok(mapped
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then_some(()))
+    };
+    if crate::gpu::spin_poll(device, spin, is_mapped)?.is_none() && is_mapped()?.is_none() {
         wait_for(device, idx, 60)?;
     }
     let out = {
