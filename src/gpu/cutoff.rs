@@ -53,6 +53,18 @@ const CAND_MIN_WORKGROUPS: u64 = 256;
 /// candidates 1.01–1.14× slower than the value bins (batches of one request, V = 151,936).
 const CAND_RAISED_SLICES: u32 = 16;
 
+/// Whether request `r` sets a top-k small enough for candidates: below the workgroup size (the
+/// (k + 1)-th largest of a slice's lane maxima bounds its candidates; cutoff.wgsl
+/// `takes_candidates`).
+fn small_top_k(r: &ReqInfo, wg: u32) -> bool {
+    r.top_k != 0 && r.top_k < wg
+}
+
+/// The longest slice whose candidates fit for request `r`'s top-k (`CAND_MAX_SPREAD`).
+fn candidate_spread(r: &ReqInfo) -> u32 {
+    CAND_MAX_SPREAD / (r.top_k + 1)
+}
+
 /// `slice` for the `entries` of a call's cut rows (`len` per row), raised towards `CAND_SLICE`
 /// where every filtered request of `reqs` sets a top-k that can take candidates (below the
 /// workgroup size, within `CAND_MAX_SPREAD` at that slice), as long as the scans keep
@@ -65,10 +77,10 @@ fn candidate_slice(wg: u32, reqs: &[ReqInfo], slice: u32, len: u32, entries: u64
     }
     let mut most = CAND_SLICE;
     for r in filtered {
-        if r.top_k == 0 || r.top_k >= wg {
+        if !small_top_k(r, wg) {
             return slice;
         }
-        most = most.min(CAND_MAX_SPREAD / (r.top_k + 1));
+        most = most.min(candidate_spread(r));
     }
     let raised = (entries / CAND_MIN_WORKGROUPS).min(u64::from(most)) as u32 / wg * wg;
     if raised > slice && len.div_ceil(raised) <= CAND_RAISED_SLICES {
@@ -147,9 +159,8 @@ impl CutShape {
             && target_slices <= CAND_MAX_SLICES
             && plan.reqs.iter().any(|r| {
                 r.flags & REQ_FILTER != 0
-                    && r.top_k != 0
-                    && r.top_k < g.wg
-                    && slice <= CAND_MAX_SPREAD / (r.top_k + 1)
+                    && small_top_k(r, g.wg)
+                    && slice <= candidate_spread(r)
                     && r.top_k * target_slices <= list / 2
             });
         let groups = if filters {
