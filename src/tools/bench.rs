@@ -1164,12 +1164,9 @@ fn map_u64(
         flag.store(true, std::sync::atomic::Ordering::Release);
     });
     // Poll first for up to `spin`, as the verifier's blocking reads do, then sleep.
-    let is_mapped = || {
-        Ok(mapped
-            .load(std::sync::atomic::Ordering::Acquire)
-            .then_some(()))
-    };
-    if crate::gpu::spin_poll(device, spin, is_mapped)?.is_none() && is_mapped()?.is_none() {
+    let is_mapped = || mapped.load(std::sync::atomic::Ordering::Acquire);
+    let polled = crate::gpu::spin_poll(device, spin, || Ok(is_mapped().then_some(())))?;
+    if polled.is_none() && !is_mapped() {
         wait_for(device, idx, 60)?;
     }
     let out = {
