@@ -3,8 +3,8 @@
 // One workgroup of 64 per request. Each row's decision depends on that row alone, so the lanes
 // take the rows in parallel: merge the chunk partials (in runs of chunks, the statistics contract
 // of common.wgsl; a lane per run, then a lane per row) into `row_stats`, decide the draft, and record the first rejection with an atomic
-// minimum. Then lane 0 settles the row where the request stopped (greedy requests of at most 64
-// rows settle from the merge's registers, greedy_settle). The kernel never reads the
+// minimum. Then lane 0 settles the row where the request stopped (requests whose rows all fit one
+// group of the merge settle from its registers, settle_from_registers). The kernel never reads the
 // logits, so its cost does not grow with the vocabulary.
 //
 // Draft i: greedy requests accept iff d_i == argmax; synthetic ones iff u_i < rate_i; the
@@ -116,22 +116,37 @@ fn merge_row(row: u32, drafted: i32, with_sum: bool, inv_t: f32) -> RowStats {
     for (var c0 = run; c0 < n; c0 += run) {
         acc = fold(acc, fold_run(row, c0, min(c0 + run, n), with_sum, inv_t), with_sum, inv_t);
     }
-    return finish_row(acc, row, drafted);
+    return finish_row(acc, drafted, drafted_values(row, drafted));
 }
 
 // The end of a row's merge, whichever way it merged: a row with no maximum anywhere (all -inf)
-// points at token 0, and the drafted token's values come from the chunk that holds it.
-fn finish_row(merged: RowStats, row: u32, drafted: i32) -> RowStats {
+// points at token 0, and the drafted token's values `at_d` (drafted_values) replace the merged
+// ones.
+fn finish_row(merged: RowStats, drafted: i32, at_d: vec2<f32>) -> RowStats {
     var st = merged;
     if (st.t_arg == NO_INDEX) {
         st.t_arg = 0u;
     }
     if (drafted >= 0) {
-        let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
-        st.t_at_d = holder.t_at_d;
-        st.q_at_d = holder.q_at_d;
+        st.t_at_d = at_d.x;
+        st.q_at_d = at_d.y;
     }
     return st;
+}
+
+// The drafted token's values of `row` (target and draft), from the one chunk that holds it;
+// zero for the bonus row, as row_stats leaves every chunk's values there.
+fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
+    if (drafted < 0) {
+        return vec2<f32>(0.0);
+    }
+    let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
+    return vec2<f32>(holder.t_at_d, holder.q_at_d);
+}
+
+// The logprob pair of a slot that holds no token (and of a stop the residual pass settles).
+fn nan_pair() -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(0x7fc00000u));
 }
 
 // The drafted token at row i of a request (-1 at the bonus row).
@@ -395,21 +410,11 @@ var<workgroup> wg_pending: u32;
 override WIDE: bool = false;
 override VERIFY_WG: u32 = select(64u, max(WG, 64u), WIDE);
 
-// A lane's own row of a greedy request after merge_greedy_rows: its merged statistics and its
-// drafted token (-1 at the bonus row), for greedy_settle.
-struct GreedyRow {
+// A lane's own row after its merge (merge_greedy_rows, or `main`'s ordered merge): its merged
+// statistics and its drafted token (-1 at the bonus row), for settle_from_registers.
+struct MergedRow {
     st: RowStats,
     drafted: i32,
-}
-
-// The drafted token's values of `row` (target and draft), from the one chunk that holds it;
-// zero for the bonus row, as finish_row leaves a greedy merge's zeroed statistics there.
-fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
-    if (drafted < 0) {
-        return vec2<f32>(0.0);
-    }
-    let holder = chunk_stats[row * params.num_chunks + u32(drafted) / CHUNK];
-    return vec2<f32>(holder.t_at_d, holder.q_at_d);
 }
 
 // Greedy request `info`'s rows merged in parallel (see g_key), written to row_stats, and
@@ -417,9 +422,9 @@ fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
 // loads its row's drafted token and the values at it before the merge's loads are waited for,
 // so they cost no memory latency of their own. Returns, on lane i < rows, row i of the last group
 // of 64 rows (all of them when rows <= 64).
-fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> GreedyRow {
+fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> MergedRow {
     let n = params.num_chunks;
-    var mine: GreedyRow;
+    var mine: MergedRow;
     for (var g = 0u; g < rows; g += 64u) {
         let count = min(64u, rows - g);
         let first = (info.row_offset + g) * n;
@@ -451,16 +456,13 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> GreedyRow {
             var st: RowStats;
             st.t_max = from_order_key(atomicLoad(&g_key[lane]));
             st.t_arg = atomicLoad(&g_arg[lane]);
-            if (st.t_arg == NO_INDEX) {
-                st.t_arg = 0u; // no maximum anywhere (all -inf): token 0, as finish_row
-            }
             st.flags = atomicLoad(&g_flags[lane]);
             st.q_max = bitcast<f32>(NEG_INF_BITS);
-            st.t_at_d = at_d.x;
-            st.q_at_d = at_d.y;
+            // t_at_d and q_at_d are zero as the ordered merge leaves them at the bonus row.
+            st = finish_row(st, drafted, at_d);
             // Greedy decisions never read the draft row (its q_max is left at -inf).
             record_row(info, i, st, drafted, false);
-            mine = GreedyRow(st, drafted);
+            mine = MergedRow(st, drafted);
         }
         // The next group reuses the arrays; after the last, first_stop is final.
         workgroupBarrier();
@@ -468,13 +470,12 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> GreedyRow {
     return mine;
 }
 
-// Settles a greedy request of at most 64 rows from merge_greedy_rows' registers, as `settle`
-// does from row_stats: lane j writes slot j (its own row's draft where it was accepted), the
-// lane of the stopping row what settle's lane 0 writes. No round trip through row_stats and
+// Settles a request whose rows were merged in one group, lane i holding row i (`mine`), as
+// `settle` does from row_stats: lane j writes slot j (its own row's draft where it was accepted),
+// the lane of the stopping row what settle's lane 0 writes. No round trip through row_stats and
 // draft_ids after the merge (the pass's last dependent loads at small batches).
-fn greedy_settle(r: u32, lane: u32, info: ReqInfo, mine: GreedyRow) {
-    let stop = atomicLoad(&first_stop);
-    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+fn settle_from_registers(r: u32, lane: u32, info: ReqInfo, mine: MergedRow, stop: u32, block: bool) {
+    let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += VERIFY_WG) {
         if (j < stop) {
             // j < stop <= k: lane j holds row j.
@@ -486,7 +487,7 @@ fn greedy_settle(r: u32, lane: u32, info: ReqInfo, mine: GreedyRow) {
         }
     }
     if (lane == stop) {
-        settle_stop(r, info, stop, mine.st, mine.drafted, false);
+        settle_stop(r, info, stop, mine.st, mine.drafted, block);
     }
 }
 
@@ -511,7 +512,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (req.y != 0u) {
         let mine = merge_greedy_rows(info, lane, req.x);
         if (req.x <= 64u) {
-            greedy_settle(r, lane, info, mine);
+            settle_from_registers(r, lane, info, mine, atomicLoad(&first_stop), false);
             return;
         }
     }
@@ -523,22 +524,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let run = run_len();
     let runs = (n + run - 1u) / run;
     let rows_per = 64u / runs;
+    var mine: MergedRow;
     for (var first = 0u; first < req.x && req.y == 0u; first += rows_per) {
         let i = first + lane / runs;
         let c0 = (lane % runs) * run;
+        let own = first + lane;
+        let owner = lane < rows_per && own <= k;
+        // The row owner's drafted token and the values at it go out before the runs' partials
+        // are waited for, as merge_greedy_rows loads them.
+        var drafted = -1;
+        var at_d = vec2<f32>(0.0);
+        if (owner) {
+            drafted = drafted_at(info, own);
+            at_d = drafted_values(info.row_offset + own, drafted);
+        }
         if (lane < rows_per * runs && i <= k) {
             run_sh[lane] = fold_run(info.row_offset + i, c0, min(c0 + run, n), !greedy, info.inv_temperature);
         }
         workgroupBarrier();
-        let own = first + lane;
-        if (lane < rows_per && own <= k) {
+        if (owner) {
             var acc = run_sh[lane * runs];
             for (var j = 1u; j < runs; j += 1u) {
                 acc = fold(acc, run_sh[lane * runs + j], !greedy, info.inv_temperature);
             }
-            let drafted = drafted_at(info, own);
-            let st = finish_row(acc, info.row_offset + own, drafted);
+            let st = finish_row(acc, drafted, at_d);
             record_row(info, own, st, drafted, params.draft_kind == DRAFT_LOGITS);
+            mine = MergedRow(st, drafted);
         }
         workgroupBarrier();
     }
@@ -571,6 +582,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         return;
     }
+    if (req.x <= rows_per) {
+        // One group of rows: lane i still holds row i.
+        settle_from_registers(r, lane, info, mine, atomicLoad(&first_stop), block);
+        return;
+    }
     settle(r, lane, VERIFY_WG, info, atomicLoad(&first_stop), block);
 }
 
@@ -593,7 +609,7 @@ fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) {
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
     // (Slot `stop` belongs to settle_stop on lane 0, or to the residual pass.)
-    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += lanes) {
         if (j < stop) {
             out_words[info.out_offset + j] = bitcast<u32>(draft_ids[info.draft_offset + j]);
@@ -615,7 +631,7 @@ fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) 
 fn settle_stop(r: u32, info: ReqInfo, stop: u32, st: RowStats, d: i32, block: bool) {
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
-    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    let nan2 = nan_pair();
     var status = 0u;
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
     var final_token = -1;
@@ -819,7 +835,7 @@ fn walk_tree(r: u32) {
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     let children = 8u * params.total_rows;
     let nodes = tree_scratch();
-    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    let nan2 = nan_pair();
     var g = info.row_offset;
     var count = 0u;
     var step = TreeStep(NO_INDEX, TASK_NONE, 1.0, 0u, 0u);
