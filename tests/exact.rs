@@ -423,6 +423,37 @@ fn long_residual_blocks_match_the_twin() {
 }
 
 #[test]
+fn many_residual_blocks_per_request_match_the_twin() {
+    // 64-lane workgroups and a large workgroup target give 256-entry residual blocks: 274 per
+    // row at V = 70,000, so each lane of the residual merge folds four or five blocks. Every
+    // block's winner must be in the merge (fails with a lane's later blocks left out).
+    if gpu().is_none() {
+        return;
+    }
+    let v = Verifier::new(specdec::VerifierOptions {
+        workgroup_size: Some(64),
+        target_workgroups: 1 << 20,
+        ..specdec::VerifierOptions::default()
+    })
+    .unwrap();
+    let mut gen = Gen::new(17);
+    for kind in 0..3u8 {
+        let b = Owned::random(
+            &mut gen,
+            70_000,
+            &[2, 3, 1, 0],
+            &[1.0, 0.7, 1.3, 0.9],
+            kind,
+            0.3,
+        );
+        let want = cpu().verify_blocking(&b.batch()).unwrap();
+        let got = v.verify_blocking(&b.batch()).unwrap();
+        let diff = twin_differences(&got, &want);
+        assert!(diff.is_empty(), "kind {kind}: {diff:?}");
+    }
+}
+
+#[test]
 fn every_shader_check_setting_matches_the_twin() {
     // `VerifierOptions::shader_checks` changes what naga compiles around each access and loop,
     // never a result: all checks, none, and the per-kernel default agree with the twin.
