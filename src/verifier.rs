@@ -58,7 +58,9 @@ pub struct VerifierOptions {
     /// polls the device in a loop for its result before it sleeps in the driver's wait. Waking
     /// from that wait is slow: on an H200's machine a round trip through wgpu took 84-104 µs
     /// sleeping and 57 µs polling, and whole calls 0.76x as long (R = 1: 0.64x) when polling
-    /// (`docs/performance.md`). The price is a CPU core kept busy for up to this long per call.
+    /// (`docs/performance.md`). The price is a CPU core kept busy for up to this long per call:
+    /// there, polling cost the calling thread about the whole call in CPU time, 1.7x what
+    /// sleeping cost (a median 52 µs more per call, up to 306 µs for 128 requests of 8 drafts).
     /// `None` (the default) is 1 ms on adapters wgpu reports as discrete GPUs, longer than the
     /// calls measured there up to 128 requests of 4 drafts, and 0 (sleep at once) elsewhere: a
     /// software adapter runs the kernels on the cores a loop would take, and integrated GPUs are

@@ -304,6 +304,32 @@ fn assert_chain_floor(out: &str) {
     }
 }
 
+/// The bench CSV's `cpu_us` column: on Linux a positive CPU time per call for every GPU row (the
+/// calling thread at least records and submits), empty for the CPU backend's rows.
+fn assert_cpu_time(body: &str) {
+    let mut lines = body.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let at = header
+        .iter()
+        .position(|&h| h == "cpu_us")
+        .expect("a cpu_us column");
+    for line in lines {
+        // The adapter name comes first, quoted (it may hold commas); no other cell is.
+        let rest = line.strip_prefix('"').expect("a quoted adapter name");
+        let end = rest.find('"').expect("the adapter name's closing quote");
+        let mut cells = vec![&rest[..end]];
+        cells.extend(rest[end + 1..].strip_prefix(',').unwrap().split(','));
+        assert_eq!(cells.len(), header.len(), "{line}");
+        let cpu = cells[at];
+        if cells[1] == "cpu" || !cfg!(target_os = "linux") {
+            assert!(cpu.is_empty(), "{line}");
+        } else {
+            let us: f64 = cpu.parse().unwrap_or_else(|_| panic!("cpu_us of {line}"));
+            assert!(us > 0.0, "{line}");
+        }
+    }
+}
+
 #[test]
 fn bench_runs_a_tiny_grid_on_both_backends() {
     let dir = std::env::temp_dir().join(format!("specdec-cli-bench-{}", std::process::id()));
@@ -353,6 +379,7 @@ fn bench_runs_a_tiny_grid_on_both_backends() {
         let body = std::fs::read_to_string(e.path()).unwrap();
         assert!(body.starts_with("adapter,backend,date,mode"), "{body}");
         assert!(body.lines().count() >= 2);
+        assert_cpu_time(&body);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

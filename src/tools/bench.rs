@@ -265,6 +265,11 @@ pub struct BenchRow {
     pub kernels_us: Option<[f64; 4]>,
     /// Median host time to record and submit one call (the rest of `call_us` is waiting), µs.
     pub host_us: f64,
+    /// CPU time of the calling thread per whole call, the mean over the timed calls, µs: what a
+    /// call costs the host's cores, waiting included (reads that poll spend it; reads that sleep
+    /// do not). `None` on the CPU backend (its work runs on other threads) and where the system
+    /// does not report it (Linux's `/proc/thread-self/schedstat`).
+    pub cpu_us: Option<f64>,
 }
 
 /// The result of a run.
@@ -675,7 +680,11 @@ impl GpuBench {
         let bad = mismatches(&got, &want);
         // 2. Whole calls, on a GPU brought back up to speed after the twin's seconds.
         self.rewarm(cfg.rewarm_ms)?;
-        let (mut calls, mut host) = self.whole_calls(cfg, &gpu_batch)?;
+        let WholeCalls {
+            mut calls,
+            mut host,
+            cpu_us,
+        } = self.whole_calls(cfg, &gpu_batch)?;
         // 3. GPU time from timestamps around the verify pass, then each kernel in a timed pass
         // of its own (where the time goes).
         let whole = self.timed(cfg, &gpu_batch, 1, &|qs, i| {
@@ -709,6 +718,7 @@ impl GpuBench {
             anchor: anchor(mode, r, k, v),
             kernels_us,
             host_us,
+            cpu_us,
         })
     }
 
@@ -849,18 +859,19 @@ impl GpuBench {
         self.verifier.read_blocking(pending)
     }
 
-    /// `cfg.warmup` untimed calls, then `cfg.reps` timed ones: (whole call µs, record + submit
-    /// µs) of each.
+    /// `cfg.warmup` untimed calls, then `cfg.reps` timed ones: the whole call and its record +
+    /// submit of each (µs), and the calling thread's CPU time per call over them.
     fn whole_calls(
         &self,
         cfg: &BenchConfig,
         batch: &GpuVerifyBatch<'_>,
-    ) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    ) -> Result<WholeCalls, Error> {
         for _ in 0..cfg.warmup {
             self.one_call(batch)?;
         }
         let mut calls = Vec::with_capacity(cfg.reps);
         let mut host = Vec::with_capacity(cfg.reps);
+        let cpu0 = thread_cpu_ns();
         for _ in 0..cfg.reps {
             let t0 = Instant::now();
             let mut enc = self.device.create_command_encoder(&Default::default());
@@ -870,7 +881,14 @@ impl GpuBench {
             self.verifier.read_blocking(pending)?;
             calls.push(t0.elapsed().as_secs_f64() * 1e6);
         }
-        Ok((calls, host))
+        let cpu_us = cpu0
+            .zip(thread_cpu_ns())
+            .map(|(a, b)| b.saturating_sub(a) as f64 / 1e3 / cfg.reps.max(1) as f64);
+        Ok(WholeCalls {
+            calls,
+            host,
+            cpu_us,
+        })
     }
 
     /// The median µs of each of `phases` timed phases over `cfg.reps` calls, or `None` without
@@ -1443,6 +1461,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
                         anchor: anchor(mode, r, k, v),
                         kernels_us: None,
                         host_us: t,
+                        cpu_us: None,
                     };
                     progress(&row_line(&row, read_gbps));
                     rows.push(row);
@@ -1499,14 +1518,35 @@ fn host_ceilings(data: &[f32]) -> (f64, f64) {
     (copy, read)
 }
 
+/// The timed whole calls of one point: wall time per call and the host's part of it (µs), and
+/// the calling thread's CPU time per call (`BenchRow::cpu_us`).
+struct WholeCalls {
+    calls: Vec<f64>,
+    host: Vec<f64>,
+    cpu_us: Option<f64>,
+}
+
+/// The CPU time the calling thread has run, ns: the first field of Linux's
+/// `/proc/thread-self/schedstat` (`None` elsewhere, or where the kernel does not keep it). Read
+/// once before and once after a run of calls, so its cost (a file read) is not per call.
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
 fn row_line(r: &BenchRow, read_gbps: f64) -> String {
     let anchor = r.anchor.map_or("       -".to_string(), |(g, _)| {
         format!("{:>7.1}x", g / r.gpu_us)
     });
     let kernels = r.kernels_us.map_or(String::new(), |k| {
         format!(
-            "  [stats {:.1} verify {:.1} resid {:.1} merge {:.1} host {:.1}]",
-            k[0], k[1], k[2], k[3], r.host_us
+            "  [stats {:.1} verify {:.1} resid {:.1} merge {:.1} host {:.1}{}]",
+            k[0],
+            k[1],
+            k[2],
+            k[3],
+            r.host_us,
+            r.cpu_us.map_or(String::new(), |c| format!(" cpu {c:.1}"))
         )
     });
     format!(
@@ -1632,7 +1672,7 @@ impl BenchReport {
     /// CSV, one row per point, with the adapter on every row.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us,call_over_floor\n",
+            "adapter,backend,date,mode,batch,k,vocab,gpu_us,call_us,bytes,GBps,frac_of_copy_bw,frac_of_read_bw,baseline_us,anchor_graph_us,anchor_median_us,twin_mismatches,row_stats_us,verify_us,residual_us,residual_merge_us,host_us,call_over_floor,cpu_us\n",
         );
         for r in &self.rows {
             let (ag, am) = r.anchor.map_or((String::new(), String::new()), |(g, m)| {
@@ -1640,7 +1680,7 @@ impl BenchReport {
             });
             let _ = writeln!(
                 s,
-                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{},{},{:.2},{}",
+                "\"{}\",{},{},{},{},{},{},{:.2},{:.2},{},{:.1},{:.4},{:.4},{},{},{},{},{},{:.2},{},{}",
                 self.adapter.replace('"', "'"),
                 self.backend,
                 self.date,
@@ -1664,7 +1704,8 @@ impl BenchReport {
                 )),
                 r.host_us,
                 self.floor_us
-                    .map_or(String::new(), |f| format!("{:.3}", r.call_us / f))
+                    .map_or(String::new(), |f| format!("{:.3}", r.call_us / f)),
+                r.cpu_us.map_or(String::new(), |c| format!("{c:.1}"))
             );
         }
         s
