@@ -399,8 +399,9 @@ var<workgroup> any_nonfinite: atomic<u32>;
 var<workgroup> g_key: array<atomic<u32>, 64>;
 var<workgroup> g_arg: array<atomic<u32>, 64>;
 var<workgroup> g_flags: array<atomic<u32>, 64>;
-// The request's row count and whether it is greedy, as workgroup-uniform values.
-var<workgroup> wg_req: vec2<u32>;
+// The request's row count, whether it is greedy and whether it takes the block rule, as
+// workgroup-uniform values.
+var<workgroup> wg_req: vec3<u32>;
 // 1: a block request whose decision waits for block_mass (some mass is due).
 var<workgroup> wg_pending: u32;
 
@@ -506,7 +507,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u) {
         atomicStore(&first_stop, k);
         atomicStore(&any_nonfinite, 0u);
-        wg_req = vec2<u32>(k + 1u, select(0u, 1u, greedy && !RAW_SUMS));
+        wg_req = vec3<u32>(k + 1u, select(0u, 1u, greedy && !RAW_SUMS), select(0u, 1u, block_rule));
     }
     let req = workgroupUniformLoad(&wg_req);
     if (req.y != 0u) {
@@ -553,7 +554,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    storageBarrier();
+    // A request that settles from the registers without the block rule reads nothing another
+    // lane wrote to storage, only the workgroup's atomics: it needs no storage barrier.
+    let via_storage = req.z != 0u || req.x > rows_per;
+    if (via_storage) {
+        storageBarrier();
+    }
     workgroupBarrier();
     let block = block_rule && !greedy && atomicLoad(&any_nonfinite) == 0u;
     if (lane == 0u) {
@@ -573,7 +579,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    storageBarrier();
+    if (via_storage) {
+        storageBarrier();
+    }
     workgroupBarrier();
     if (wg_pending != 0u) {
         // Some R_j can change τ: block_mass sums it, then block_settle finishes the request.
