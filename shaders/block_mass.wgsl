@@ -131,9 +131,22 @@ fn chunk_mass(ctx: MassCtx, chunk: u32, lane: u32, due: bool) -> f32 {
     }
     sh_sum[lane] = s;
     workgroupBarrier();
-    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+    // Levels wider than a subgroup through workgroup memory, the rest in registers
+    // (lanes_subgroup.wgsl): the same sums in the same order.
+    let sg = min(SG_LANES, CHUNK_LANES);
+    for (var stride = CHUNK_LANES / 2u; stride >= sg && stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
             sh_sum[lane] = sh_sum[lane] + sh_sum[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    if (sg > 1u) {
+        var t = sh_sum[lane];
+        for (var stride = sg / 2u; stride > 0u; stride = stride / 2u) {
+            t = t + lanes_down_f32(t, stride);
+        }
+        if (lane == 0u) {
+            sh_sum[0] = t;
         }
         workgroupBarrier();
     }

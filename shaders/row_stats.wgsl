@@ -263,11 +263,13 @@ fn store_lane(i: u32, t: Acc, q: Acc, w: Acc) {
 
 // Folds the CHUNK_LANES lane states stored for chunk `chunk` as a tree (lane i takes lane i+s
 // for s = 32 .. 1) and writes the chunk's RowStats. Every invocation calls it (it holds the
-// barriers); it returns when the workgroup arrays are free again.
+// barriers); it returns when the workgroup arrays are free again. Levels with s >= SG_LANES go
+// through the workgroup arrays, the rest through subgroup shuffles (fold_chunk_in_subgroup).
 fn finish_chunk(job: RowJob, lane: u32, chunk: u32) {
     let inv_t = job.inv_t;
+    let sg = min(SG_LANES, CHUNK_LANES);
     workgroupBarrier();
-    for (var stride = CHUNK_LANES / 2u; stride > 0u; stride = stride / 2u) {
+    for (var stride = CHUNK_LANES / 2u; stride >= sg && stride > 0u; stride = stride / 2u) {
         if (lane < stride) {
             let o = lane + stride;
             let m_new = max(sh_m[lane], sh_m[o]);
@@ -295,11 +297,78 @@ fn finish_chunk(job: RowJob, lane: u32, chunk: u32) {
         }
         workgroupBarrier();
     }
+    if (sg > 1u) {
+        fold_chunk_in_subgroup(job, lane, sg);
+    }
     if (lane == 0u) {
         write_chunk(job, chunk);
     }
     // The next chunk reuses the workgroup arrays.
     workgroupBarrier();
+}
+
+// finish_chunk's levels s = sg/2 .. 1 in registers: lanes 0 .. sg-1 are one subgroup
+// (lanes_subgroup.wgsl), and lane i takes lane i+s's state through a shuffle, with the same
+// operations in the same order as the workgroup-array levels. Every lane runs it (the shuffles
+// stay in uniform control flow); only lanes below s compute states that are read again, and lane
+// 0 leaves the chunk's state in the arrays' slot 0 for write_chunk.
+fn fold_chunk_in_subgroup(job: RowJob, lane: u32, sg: u32) {
+    let inv_t = job.inv_t;
+    var m = sh_m[lane];
+    var s = sh_s[lane];
+    var a = sh_a[lane];
+    var f = sh_f[lane];
+    var qm = sh_qm[lane];
+    var qs = sh_qs[lane];
+    var wm = sh_wm[lane];
+    var ws = sh_ws[lane];
+    var e = sh_e[lane];
+    for (var stride = sg / 2u; stride > 0u; stride = stride / 2u) {
+        let om = lanes_down_f32(m, stride);
+        let oa = lanes_down_u32(a, stride);
+        let o_f = lanes_down_u32(f, stride);
+        let m_new = max(m, om);
+        if (job.with_sum || job.ent) {
+            let os = lanes_down_f32(s, stride);
+            if (job.ent) {
+                let oe = lanes_down_f32(e, stride);
+                e = rescale_ent(m, s, e, m_new, inv_t) + rescale_ent(om, os, oe, m_new, inv_t);
+            }
+            if (job.with_sum) {
+                s = rescale(m, s, m_new, inv_t) + rescale(om, os, m_new, inv_t);
+            }
+        }
+        if (takes_other(m, a, om, oa)) {
+            a = oa;
+        }
+        m = m_new;
+        f = f | o_f;
+        if (job.raw) {
+            let owm = lanes_down_f32(wm, stride);
+            let ows = lanes_down_f32(ws, stride);
+            let wm_new = max(wm, owm);
+            ws = rescale(wm, ws, wm_new, 1.0) + rescale(owm, ows, wm_new, 1.0);
+            wm = wm_new;
+        }
+        if (job.has_q_row) {
+            let oqm = lanes_down_f32(qm, stride);
+            let oqs = lanes_down_f32(qs, stride);
+            let qm_new = max(qm, oqm);
+            qs = rescale(qm, qs, qm_new, inv_t) + rescale(oqm, oqs, qm_new, inv_t);
+            qm = qm_new;
+        }
+    }
+    if (lane == 0u) {
+        sh_m[0] = m;
+        sh_s[0] = s;
+        sh_a[0] = a;
+        sh_f[0] = f;
+        sh_qm[0] = qm;
+        sh_qs[0] = qs;
+        sh_wm[0] = wm;
+        sh_ws[0] = ws;
+        sh_e[0] = e;
+    }
 }
 
 // Lane 0's part of finish_chunk: the folded state and the values at the drafted token.
@@ -392,7 +461,9 @@ fn max_chunks(job_in: RowJob, lane: u32) {
         mx_a[lane] = t.a;
         mx_f[lane] = t.flags;
         workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        // Levels wider than a subgroup through the workgroup arrays, the rest in registers.
+        let sg = min(SG_LANES, WG);
+        for (var stride = WG / 2u; stride >= sg && stride > 0u; stride = stride / 2u) {
             if (lane < stride) {
                 let o = lane + stride;
                 if (takes_other(mx_m[lane], mx_a[lane], mx_m[o], mx_a[o])) {
@@ -403,9 +474,21 @@ fn max_chunks(job_in: RowJob, lane: u32) {
             }
             workgroupBarrier();
         }
+        var m = mx_m[lane];
+        var a = mx_a[lane];
+        var f = mx_f[lane];
+        for (var stride = sg / 2u; stride > 0u; stride = stride / 2u) {
+            let om = lanes_down_f32(m, stride);
+            let oa = lanes_down_u32(a, stride);
+            f = f | lanes_down_u32(f, stride);
+            if (takes_other(m, a, om, oa)) {
+                a = oa;
+            }
+            m = max(m, om);
+        }
         if (lane == 0u) {
             // The state word_chunks' tree leaves in lane 0 for a MAX_ONLY row.
-            store_lane(0u, Acc(mx_m[0], 0.0, mx_a[0], mx_f[0], 0.0), acc_new(), acc_new());
+            store_lane(0u, Acc(m, 0.0, a, f, 0.0), acc_new(), acc_new());
             write_chunk(job, chunk);
         }
         // The next chunk reuses the workgroup arrays.

@@ -68,7 +68,7 @@ pub struct AdapterReport {
     pub int64: bool,
     /// `TIMESTAMP_QUERY` (GPU timings in the benchmark).
     pub timestamps: bool,
-    /// `SUBGROUP` (not used yet).
+    /// `SUBGROUP` (lane folds through subgroup shuffles).
     pub subgroups: bool,
     /// Whether the kernels can run here (enough storage buffers per stage).
     pub usable: bool,

@@ -12,12 +12,28 @@ pub const MUL_WIDE_U32: &str = include_str!("../shaders/mul_wide_u32.wgsl");
 /// `mul_wide` for devices with `SHADER_INT64` (one wide multiply).
 pub const MUL_WIDE_INT64: &str = include_str!("../shaders/mul_wide_int64.wgsl");
 
+/// Lane exchange through subgroup shuffles.
+pub const LANES_SUBGROUP: &str = include_str!("../shaders/lanes_subgroup.wgsl");
+/// Lane exchange for any device: every fold level through workgroup memory.
+pub const LANES_PORTABLE: &str = include_str!("../shaders/lanes_portable.wgsl");
+
 /// A pipeline variant: which optional device features the kernels use. Every variant computes
 /// the same bits; the portable one (`Variant::default()`) runs everywhere.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Variant {
     /// Use 64-bit integer multiplies for Philox (needs `wgpu::Features::SHADER_INT64`).
     pub int64: bool,
+    /// The subgroup width the folds may exchange lanes across in registers (the adapter's
+    /// smallest subgroup size; needs `wgpu::Features::SUBGROUP`), or 0: every fold level through
+    /// workgroup memory.
+    pub subgroup_lanes: u32,
+}
+
+impl Variant {
+    /// The `SG_LANES` override constant of every kernel of this variant (1: no subgroups).
+    pub fn sg_lanes(self) -> u32 {
+        self.subgroup_lanes.max(1)
+    }
 }
 
 /// A kernel: one WGSL file, one Rust module, one CPU twin, one pipeline label prefix.
@@ -130,7 +146,15 @@ impl Kernel {
             .and_then(|path| std::fs::read_to_string(path).ok())
             .unwrap_or_else(|| self.body().to_string());
         let rows = if self.reads_rows() { ROWS } else { "" };
-        format!("{COMMON}\n{mul_wide}\n{rows}\n{body}")
+        // No `enable subgroups;` directive: naga 30 rejects it as not yet implemented and
+        // offers the subgroup builtins to modules validated with its SUBGROUP capability,
+        // which wgpu grants on devices created with the feature.
+        let lanes = if variant.subgroup_lanes > 1 {
+            LANES_SUBGROUP
+        } else {
+            LANES_PORTABLE
+        };
+        format!("{COMMON}\n{mul_wide}\n{lanes}\n{rows}\n{body}")
     }
 }
 
@@ -144,11 +168,13 @@ pub fn validate_all() -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleIn
 pub fn validate_variant(
     variant: Variant,
 ) -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleInfo)>, String> {
-    let caps = if variant.int64 {
-        naga::valid::Capabilities::SHADER_INT64
-    } else {
-        naga::valid::Capabilities::empty()
-    };
+    let mut caps = naga::valid::Capabilities::empty();
+    if variant.int64 {
+        caps |= naga::valid::Capabilities::SHADER_INT64;
+    }
+    if variant.subgroup_lanes > 1 {
+        caps |= naga::valid::Capabilities::SUBGROUP;
+    }
     Kernel::ALL
         .iter()
         .map(|&k| {
@@ -156,6 +182,8 @@ pub fn validate_variant(
             let module = naga::front::wgsl::parse_str(&src)
                 .map_err(|e| format!("{}.wgsl: {}", k.name(), e.emit_to_string(&src)))?;
             let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+                .subgroup_operations(naga::valid::SubgroupOperationSet::all())
                 .validate(&module)
                 .map_err(|e| {
                     format!(

@@ -71,6 +71,11 @@ pub struct VerifierOptions {
     /// `SHADER_INT64` (default true; `Verifier::new` asks for the feature when the adapter has
     /// it). Same results either way; false forces the portable path.
     pub shader_int64: bool,
+    /// Fold lane states across subgroups in registers (subgroup shuffles) where the device
+    /// offers `SUBGROUP` (default true; `Verifier::new` asks for the feature when the adapter
+    /// has it). Same results either way: the folds keep their order; false forces every fold
+    /// level through workgroup memory.
+    pub subgroups: bool,
     /// The runtime checks naga compiles into every kernel, or `None` (the default) for the
     /// measured choice: index clamps everywhere, and wgpu's loop-bounding counter everywhere
     /// except row_stats and residual_argmax. Their loops run to bounds the host validates
@@ -101,6 +106,7 @@ impl Default for VerifierOptions {
             wide_greedy_chunks: None,
             workgroup_size: None,
             shader_int64: true,
+            subgroups: true,
             shader_checks: None,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
@@ -192,11 +198,14 @@ impl Verifier {
         check_options(&opts)?;
         let adapter = gpu::select_adapter()?;
         let limits = gpu::required_limits(&adapter.limits())?;
-        let features = if opts.shader_int64 {
-            adapter.features() & wgpu::Features::SHADER_INT64
-        } else {
-            wgpu::Features::empty()
-        };
+        let mut wanted = wgpu::Features::empty();
+        if opts.shader_int64 {
+            wanted |= wgpu::Features::SHADER_INT64;
+        }
+        if opts.subgroups {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
+        let features = adapter.features() & wanted;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("specdec"),
             required_features: features,
@@ -296,7 +305,7 @@ impl Verifier {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Gpu(g) => format!(
-                "GPU: {} ({:?}, {:?}{})",
+                "GPU: {} ({:?}, {:?}{}{})",
                 g.info.name,
                 g.info.backend,
                 g.info.device_type,
@@ -304,6 +313,11 @@ impl Verifier {
                     ", int64 Philox"
                 } else {
                     ""
+                },
+                if g.variant.subgroup_lanes > 1 {
+                    format!(", {}-lane subgroup folds", g.variant.subgroup_lanes)
+                } else {
+                    String::new()
                 }
             ),
             Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),

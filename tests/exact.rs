@@ -488,6 +488,61 @@ fn every_shader_check_setting_matches_the_twin() {
 }
 
 #[test]
+fn subgroup_and_portable_folds_match_the_twin() {
+    // `VerifierOptions::subgroups` changes how row_stats' and block_mass' lane trees exchange
+    // states (shuffles below the adapter's smallest subgroup size, or workgroup memory at every
+    // level), never a result. Where the device offers SUBGROUP the default verifier must take
+    // the shuffles, or this test would compare the portable folds with themselves. Both run the
+    // wide greedy reduction too (`wide_greedy_chunks`), off by default on software adapters.
+    let Some(g) = gpu() else { return };
+    let (device, _) = g.device().expect("a GPU verifier has a device");
+    let has_subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+    assert_eq!(
+        g.describe().contains("subgroup folds"),
+        has_subgroups,
+        "{}",
+        g.describe()
+    );
+    let mut gen = Gen::new(12);
+    let mut batches: Vec<Owned> = (0..3u8)
+        .map(|kind| {
+            Owned::random(
+                &mut gen,
+                9000,
+                &[3, 0, 5, 1],
+                &[0.0, 1.0, 0.7, 1.3],
+                kind,
+                0.6,
+            )
+        })
+        .collect();
+    // All greedy: the MAX_ONLY statistics and, with wide_greedy_chunks, the wide reduction.
+    batches.push(Owned::random(&mut gen, 9000, &[4, 2], &[0.0, 0.0], 0, 0.6));
+    for subgroups in [true, false] {
+        let v = Verifier::new(specdec::VerifierOptions {
+            subgroups,
+            wide_greedy_chunks: Some(1024),
+            ..specdec::VerifierOptions::default()
+        })
+        .unwrap();
+        assert_eq!(
+            v.describe().contains("subgroup folds"),
+            subgroups && has_subgroups,
+            "{}",
+            v.describe()
+        );
+        for (i, b) in batches.iter().enumerate() {
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            assert_eq!(
+                v.verify_blocking(&b.batch()).unwrap(),
+                want,
+                "subgroups {subgroups}, batch {i}"
+            );
+        }
+    }
+}
+
+#[test]
 fn requests_with_more_rows_than_lanes_match_the_twin() {
     // verify's lanes take a request's rows 64 at a time, each folding its row's chunk partials
     // in order. At V = 70,000 (18 chunks) a request with 70 drafts has 71 rows, so lane 6 takes

@@ -18,7 +18,7 @@ use std::process::Command;
 use naga::back::{glsl, hlsl, msl, pipeline_constants, spv, PipelineConstants};
 use naga::valid::ModuleInfo;
 use naga::{Module, ShaderStage};
-use specdec::shaders::{validate_all, validate_gather_rows};
+use specdec::shaders::{validate_all, validate_gather_rows, validate_variant, Kernel, Variant};
 
 /// `WG` override values the library builds (256 normally, less on devices with lower limits).
 const WORKGROUP_SIZES: [u32; 3] = [32, 64, 256];
@@ -138,9 +138,14 @@ fn resolve<'a>(
     entry: &str,
     qualified: &str,
     wg: u32,
+    sg_lanes: u32,
 ) -> Result<(Module, ModuleInfo), String> {
     let mut constants = PipelineConstants::default();
     constants.insert("WG".to_string(), f64::from(wg));
+    // The kernels declare SG_LANES with the portable default 1; gather_rows does not declare it.
+    if sg_lanes > 1 {
+        constants.insert("SG_LANES".to_string(), f64::from(sg_lanes));
+    }
     let (module, info) = pipeline_constants::process_overrides(
         module,
         info,
@@ -337,7 +342,7 @@ fn every_kernel_translates_to_every_backend() {
             for wg in WORKGROUP_SIZES {
                 let variant = format!("{name}.{entry} WG={wg}");
                 let qualified = format!("{name}.{entry}");
-                let resolved = resolve(module, info, entry, &qualified, wg);
+                let resolved = resolve(module, info, entry, &qualified, wg, 1);
                 for (b, backend) in Backend::ALL.into_iter().enumerate() {
                     let cell = &mut cells[b];
                     cell.total += 1;
@@ -422,4 +427,62 @@ fn every_kernel_translates_to_every_backend() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The subgroup variant (`Variant::subgroup_lanes`; row_stats and block_mass fold the lanes
+/// below `SG_LANES` through shuffles) translates to the languages of the backends that offer
+/// wgpu's `SUBGROUP` (SPIR-V, MSL, HLSL shader model 6.0), for subgroups of 8, 32 and 64 lanes,
+/// and its SPIR-V passes spirv-val where it is installed (required with `CI=true`).
+#[test]
+fn subgroup_folds_translate_to_the_subgroup_backends() {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let spirv_val = Validator::probe("spirv-val", "spirv-tools");
+    assert!(spirv_val.found || !ci, "spirv-val not found but CI=true");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("portability-subgroups");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let modules = validate_variant(Variant {
+        int64: false,
+        subgroup_lanes: 32,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut failures = Vec::new();
+    let mut translated = 0;
+    for (kernel, module, info) in &modules {
+        if !matches!(kernel, Kernel::RowStats | Kernel::BlockMass) {
+            continue;
+        }
+        for &entry in kernel.entry_points() {
+            for (wg, sg) in [(64, 8), (256, 32), (256, 64)] {
+                let qualified = format!("{}.{entry}", kernel.name());
+                let (module, info) = match resolve(module, info, entry, &qualified, wg, sg) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        failures.push(format!("{qualified} WG={wg} SG={sg}: {e}"));
+                        continue;
+                    }
+                };
+                for backend in [Backend::Spirv, Backend::Msl, Backend::Hlsl] {
+                    let output = match translate(backend, &module, &info, entry) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            failures.push(format!("{qualified} SG={sg} {}: {e}", backend.name()));
+                            continue;
+                        }
+                    };
+                    translated += 1;
+                    let path =
+                        dir.join(format!("{qualified}.wg{wg}.sg{sg}.{}", backend.extension()));
+                    write_output(&path, &output);
+                    if backend == Backend::Spirv && spirv_val.found {
+                        if let Err(e) = spirv_val.run(&["--target-env", "vulkan1.1"], &path) {
+                            failures.push(format!("{qualified} SG={sg} spirv-val: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // row_stats' two entry points and block_mass' four, three sizes, three languages.
+    assert_eq!(translated, 6 * 3 * 3);
 }

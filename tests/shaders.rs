@@ -20,9 +20,34 @@ fn every_shader_validates() {
 
 #[test]
 fn int64_variant_validates() {
-    let modules = specdec::shaders::validate_variant(specdec::shaders::Variant { int64: true })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let modules = specdec::shaders::validate_variant(specdec::shaders::Variant {
+        int64: true,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(modules.len(), Kernel::ALL.len());
+}
+
+/// The subgroup variant parses and validates (with naga's subgroup capability), and only it
+/// calls subgroup operations: the portable modules carry none.
+#[test]
+fn subgroup_variant_validates() {
+    use specdec::shaders::Variant;
+    let modules = specdec::shaders::validate_variant(Variant {
+        int64: true,
+        subgroup_lanes: 32,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(modules.len(), Kernel::ALL.len());
+    let sub = Kernel::RowStats.source(Variant {
+        subgroup_lanes: 32,
+        ..Default::default()
+    });
+    assert!(sub.contains("subgroupShuffleDown"));
+    for k in Kernel::ALL {
+        let portable = k.source(Variant::default());
+        assert!(!portable.contains("subgroupShuffle"), "{}", k.name());
+    }
 }
 
 /// Size and field offsets of a WGSL struct as naga lays it out.

@@ -24,6 +24,7 @@ mod readback;
 mod residual;
 mod row_stats;
 mod shape;
+mod subgroups;
 mod tree;
 mod upload;
 mod verify;
@@ -194,6 +195,7 @@ impl GpuBackend {
             });
         let variant = crate::shaders::Variant {
             int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
+            subgroup_lanes: subgroup_lanes(&device, &queue, &info, opts.subgroups),
         };
         let (layouts, pipelines, dummy) = scoped(&device, || {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
@@ -428,5 +430,27 @@ pub(super) fn record_phases(
                 phase(&mut pass);
             }
         }
+    }
+}
+
+/// The subgroup width the kernels' folds may shuffle across on `device` (the variant's
+/// `subgroup_lanes`): the adapter's smallest subgroup size where the options allow subgroups,
+/// the device has `SUBGROUP`, the width is more than one lane, and the device's subgroups
+/// follow the local index ([`subgroups`]); else 0, the portable folds.
+fn subgroup_lanes(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    info: &wgpu::AdapterInfo,
+    allowed: bool,
+) -> u32 {
+    let lanes = info.subgroup_min_size.min(wgpu::MAXIMUM_SUBGROUP_MAX_SIZE);
+    if allowed
+        && lanes > 1
+        && device.features().contains(wgpu::Features::SUBGROUP)
+        && subgroups::device_layout_is_ordered(device, queue, lanes)
+    {
+        lanes
+    } else {
+        0
     }
 }

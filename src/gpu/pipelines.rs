@@ -167,7 +167,7 @@ pub(super) fn build_pipelines(
             .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
             .filter(|&(&e, &s)| built(kernel, e, s))
         {
-            let constants = override_constants(kernel, wg, special);
+            let constants = override_constants(kernel, wg, special, variant);
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&format!("{label}.{entry}")),
                 layout: Some(&pl),
@@ -206,10 +206,19 @@ fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
     }
 }
 
-/// The `override` constants of one pipeline: the workgroup size, and the specialisation bits
+/// The `override` constants of one pipeline: the workgroup size, the subgroup width the folds
+/// may use (`SG_LANES`, 1 without subgroups), and the specialisation bits
 /// as the 0/1 constants of the kernels that have them.
-fn override_constants(kernel: Kernel, wg: u32, special: u32) -> Vec<(&'static str, f64)> {
-    let mut constants = vec![("WG", f64::from(wg))];
+fn override_constants(
+    kernel: Kernel,
+    wg: u32,
+    special: u32,
+    variant: crate::shaders::Variant,
+) -> Vec<(&'static str, f64)> {
+    let mut constants = vec![
+        ("WG", f64::from(wg)),
+        ("SG_LANES", f64::from(variant.sg_lanes())),
+    ];
     if kernel == Kernel::Verify {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));

@@ -144,6 +144,8 @@ pub struct BenchConfig {
     pub spin_wait: Option<std::time::Duration>,
     /// `VerifierOptions::shader_int64` of the verifier under test.
     pub shader_int64: bool,
+    /// `VerifierOptions::subgroups` of the verifier under test.
+    pub subgroups: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
     pub workgroup_size: Option<u32>,
     /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
@@ -191,6 +193,7 @@ impl BenchConfig {
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
+            subgroups: true,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -220,6 +223,7 @@ impl BenchConfig {
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
+            subgroups: true,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -294,6 +298,8 @@ pub struct BenchReport {
     pub timestamps: bool,
     /// Whether the kernels used 64-bit multiplies (SHADER_INT64) or the portable path.
     pub int64: bool,
+    /// The subgroup width the kernels' folds exchanged lanes across in registers (0: none).
+    pub subgroup_lanes: u32,
     /// The smallest whole round trip through wgpu on this device, median µs: write 64 bytes,
     /// one dispatch of one workgroup, copy 256 bytes to a mappable buffer, map and read them.
     /// What a whole call cannot go below; `None` on the CPU backend. It waits for the map as the
@@ -488,22 +494,26 @@ struct GpuBench {
 }
 
 /// The device of a benchmark run on the adapter `Verifier::new` picks, with timestamp queries
-/// (when the adapter has them) and SHADER_INT64 (when the grid asks and the adapter has it).
+/// (when the adapter has them), SHADER_INT64 and SUBGROUP (when the grid asks and the adapter has
+/// them).
 fn bench_device(
     cfg: &BenchConfig,
 ) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue, bool), Error> {
     let adapter = crate::gpu::select_adapter()?;
     let info = adapter.get_info();
     let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-    let int64 = if cfg.shader_int64 {
-        adapter.features() & wgpu::Features::SHADER_INT64
-    } else {
-        wgpu::Features::empty()
-    };
+    let mut wanted = wgpu::Features::empty();
+    if cfg.shader_int64 {
+        wanted |= wgpu::Features::SHADER_INT64;
+    }
+    if cfg.subgroups {
+        wanted |= wgpu::Features::SUBGROUP;
+    }
+    let optional = adapter.features() & wanted;
     let limits = crate::gpu::required_limits(&adapter.limits())?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.bench"),
-        required_features: int64
+        required_features: optional
             | if timestamps {
                 wgpu::Features::TIMESTAMP_QUERY
             } else {
@@ -549,6 +559,7 @@ impl GpuBench {
             spin_wait: cfg.spin_wait,
             shader_checks: cfg.shader_checks,
             workgroup_size: cfg.workgroup_size,
+            subgroups: cfg.subgroups,
             ..VerifierOptions::default()
         };
         let verifier = Verifier::with_device(device.clone(), queue.clone(), opts)?;
@@ -1084,6 +1095,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     Ok(BenchReport {
         adapter: info.name.clone(),
         int64: b.verifier.gpu_backend().is_some_and(|g| g.variant.int64),
+        subgroup_lanes: b
+            .verifier
+            .gpu_backend()
+            .map_or(0, |g| g.variant.subgroup_lanes),
         backend: format!("{:?}", info.backend),
         date: today(),
         copy_gbps,
@@ -1483,6 +1498,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         warm_reads: vec![read_gbps],
         timestamps: false,
         int64: false,
+        subgroup_lanes: 0,
         floor_us: None,
         floor_spin_us: 0.0,
         chain_floor: Vec::new(),
@@ -1610,12 +1626,17 @@ impl BenchReport {
         let _ =
             writeln!(
             s,
-            "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
+            "adapter: {} ({}{}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
              ({:.0} after the last point; warm-up: {}); round-trip floor {}; dispatch-chain \
              floor {}; GPU time from {}",
             self.adapter,
             self.backend,
             if self.int64 { ", int64 Philox" } else { "" },
+            if self.subgroup_lanes > 1 {
+                format!(", {}-lane subgroup folds", self.subgroup_lanes)
+            } else {
+                String::new()
+            },
             self.date,
             self.copy_gbps,
             self.read_gbps,
@@ -1921,6 +1942,7 @@ Options:
   --vocab 32000,...   vocabulary sizes         --modes greedy,draft_probs,draft_logits,one_hot
   --reps N            timed calls per point (at most 512)   --no-baseline  skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
+  --no-subgroups      fold every level through workgroup memory (VerifierOptions::subgroups)
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
                       row_stats (VerifierOptions::early_race_entries; 0 = off; default:
@@ -2016,6 +2038,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--cpu" => cpu = true,
             "--no-baseline" => cfg.baseline_reps = 0,
             "--portable" => cfg.shader_int64 = false,
+            "--no-subgroups" => cfg.subgroups = false,
             "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
             "--workgroup-size" => {
                 cfg.workgroup_size = Some(parse_one("--workgroup-size", &value()?)?)

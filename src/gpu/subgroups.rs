@@ -1,0 +1,161 @@
+//! Whether the kernels may fold lane states through subgroup shuffles on a device.
+//!
+//! The folds of `shaders/lanes_subgroup.wgsl` exchange the states of lanes 0 .. SG-1 (SG the
+//! adapter's smallest subgroup size) in registers, which is only the statistics contract's tree
+//! if those lanes form one subgroup in local-index order. Every driver we know forms compute
+//! subgroups from consecutive local indices, but neither Vulkan nor WebGPU promises it, so the
+//! device shows it once, with `shaders/subgroup_layout.wgsl`, before the variant is chosen; a
+//! device that does not keeps the portable folds (same results, every level through
+//! workgroup memory).
+
+use super::scoped;
+use std::sync::{Arc, Mutex};
+
+/// The probe's shader source.
+const PROBE: &str = include_str!("../../shaders/subgroup_layout.wgsl");
+/// Levels of the probe (d = 1, 2, .., 32) and lanes per level.
+const LEVELS: usize = 6;
+const LANES: usize = 64;
+
+/// Whether the probe's shuffles, as the device returned them, are the local-index layout the
+/// folds need over the first `lanes` lanes: lane i receives lane i + d wherever i + d < lanes.
+pub(crate) fn layout_is_ordered(seen: &[u32], lanes: u32) -> bool {
+    let lanes = (lanes as usize).min(LANES);
+    seen.len() == LEVELS * LANES
+        && (0..LEVELS).all(|level| {
+            let d = 1usize << level;
+            (0..lanes.saturating_sub(d)).all(|i| seen[level * LANES + i] as usize == i + d)
+        })
+}
+
+/// Runs the probe on `device` (which must have `SUBGROUP`) and checks its answer for `lanes`.
+/// Any failure to run it counts as "no": the caller then keeps the portable folds.
+pub(super) fn device_layout_is_ordered(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    lanes: u32,
+) -> bool {
+    let bytes = (LEVELS * LANES * 4) as u64;
+    let built = scoped(device, || {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("specdec.subgroup_layout"),
+            source: wgpu::ShaderSource::Wgsl(PROBE.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("specdec.subgroup_layout"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let seen = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("specdec.subgroup_layout.seen"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("specdec.subgroup_layout.staging"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("specdec.subgroup_layout"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: seen.as_entire_binding(),
+            }],
+        });
+        let mut enc = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        enc.copy_buffer_to_buffer(&seen, 0, &staging, 0, bytes);
+        (queue.submit([enc.finish()]), staging)
+    });
+    let Ok((submission, staging)) = built else {
+        return false;
+    };
+    let done = Arc::new(Mutex::new(None));
+    let done_c = done.clone();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        *done_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.is_ok());
+    });
+    let waited = device.poll(wgpu::PollType::Wait {
+        submission_index: Some(submission),
+        timeout: Some(std::time::Duration::from_secs(10)),
+    });
+    if waited.is_err() {
+        return false;
+    }
+    // The map callback runs in a poll after the submission is done.
+    for _ in 0..1000 {
+        if let Some(ok) = *done.lock().unwrap_or_else(|p| p.into_inner()) {
+            if !ok {
+                return false;
+            }
+            let Ok(view) = staging.slice(..).get_mapped_range() else {
+                return false;
+            };
+            let seen: Vec<u32> = view
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            return layout_is_ordered(&seen, lanes);
+        }
+        let _ = device.poll(wgpu::PollType::Poll);
+        std::thread::yield_now();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ordered() -> Vec<u32> {
+        (0..LEVELS)
+            .flat_map(|level| (0..LANES).map(move |i| (i + (1 << level)) as u32))
+            .collect()
+    }
+
+    #[test]
+    fn the_local_index_layout_passes() {
+        assert!(layout_is_ordered(&ordered(), 32));
+        assert!(layout_is_ordered(&ordered(), 8));
+        assert!(layout_is_ordered(&ordered(), 128));
+    }
+
+    #[test]
+    fn a_permuted_subgroup_fails() {
+        // Lane 0 receives lane 3 at d = 1 (a subgroup not in local-index order).
+        let mut seen = ordered();
+        seen[0] = 3;
+        assert!(!layout_is_ordered(&seen, 32));
+        // Beyond the first `lanes` lanes nothing is required.
+        let mut seen = ordered();
+        seen[3 * LANES + 10] = 0; // d = 8, lane 10: 18 >= 16
+        assert!(layout_is_ordered(&seen, 16));
+        assert!(!layout_is_ordered(&seen, 32));
+        assert!(!layout_is_ordered(&seen[1..], 32));
+    }
+
+    #[test]
+    fn the_probe_validates() {
+        let module = naga::front::wgsl::parse_str(PROBE).unwrap_or_else(|e| panic!("{e}"));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::SUBGROUP,
+        )
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
