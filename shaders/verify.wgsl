@@ -480,11 +480,9 @@ fn settle_from_registers(r: u32, lane: u32, info: ReqInfo, mine: MergedRow, stop
     for (var j = lane; j < params.out_stride; j += VERIFY_WG) {
         if (j < stop) {
             // j < stop <= k: lane j holds row j.
-            out_words[info.out_offset + j] = bitcast<u32>(mine.drafted);
-            put_logprobs(info.out_offset + j, logprobs_of(info, mine.st, mine.st.t_at_d));
+            put_accepted(info, j, mine.drafted, mine.st);
         } else if (j > stop) {
-            out_words[info.out_offset + j] = bitcast<u32>(-1);
-            put_logprobs(info.out_offset + j, nan2);
+            put_padding(info, j, nan2);
         }
     }
     if (lane == stop) {
@@ -620,18 +618,30 @@ fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) 
     let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += lanes) {
         if (j < stop) {
-            out_words[info.out_offset + j] = bitcast<u32>(draft_ids[info.draft_offset + j]);
-            let st_j = row_stats[info.row_offset + j];
-            put_logprobs(info.out_offset + j, logprobs_of(info, st_j, st_j.t_at_d));
+            put_accepted(info, j, draft_ids[info.draft_offset + j], row_stats[info.row_offset + j]);
         } else if (j > stop) {
-            out_words[info.out_offset + j] = bitcast<u32>(-1);
-            put_logprobs(info.out_offset + j, nan2);
+            put_padding(info, j, nan2);
         }
     }
     if (lane != 0u) {
         return;
     }
     settle_stop(r, info, stop, row_stats[info.row_offset + stop], drafted_at(info, stop), block);
+}
+
+// Output slot j (< stop) of a request: its accepted draft `token` and the logprobs from its
+// row's statistics `st`. settle and settle_from_registers differ only in where `token` and `st`
+// come from (storage or the merge's registers); the arguments are loaded inside their caller's
+// branch, so no slot past `stop` loads anything.
+fn put_accepted(info: ReqInfo, j: u32, token: i32, st: RowStats) {
+    out_words[info.out_offset + j] = bitcast<u32>(token);
+    put_logprobs(info.out_offset + j, logprobs_of(info, st, st.t_at_d));
+}
+
+// Output slot j (> stop): -1 padding, NaN logprobs (`nan2`, nan_pair).
+fn put_padding(info: ReqInfo, j: u32, nan2: vec2<f32>) {
+    out_words[info.out_offset + j] = bitcast<u32>(-1);
+    put_logprobs(info.out_offset + j, nan2);
 }
 
 // Settle's part for the row where request r stopped (statistics `st`, drafted token `d`, -1 at
