@@ -9,7 +9,6 @@
 //! workgroup memory).
 
 use super::scoped;
-use std::sync::{Arc, Mutex};
 
 /// The probe's shader source.
 const PROBE: &str = include_str!("../../shaders/subgroup_layout.wgsl");
@@ -82,11 +81,9 @@ pub(super) fn device_layout_is_ordered(
     let Ok((submission, staging)) = built else {
         return false;
     };
-    let done = Arc::new(Mutex::new(None));
-    let done_c = done.clone();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        *done_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.is_ok());
-    });
+    // As rng_check reads back: the map completes within the wait for the submission.
+    let slice = staging.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
     let waited = device.poll(wgpu::PollType::Wait {
         submission_index: Some(submission),
         timeout: Some(std::time::Duration::from_secs(10)),
@@ -94,25 +91,10 @@ pub(super) fn device_layout_is_ordered(
     if waited.is_err() {
         return false;
     }
-    // The map callback runs in a poll after the submission is done.
-    for _ in 0..1000 {
-        if let Some(ok) = *done.lock().unwrap_or_else(|p| p.into_inner()) {
-            if !ok {
-                return false;
-            }
-            let Ok(view) = staging.slice(..).get_mapped_range() else {
-                return false;
-            };
-            let seen: Vec<u32> = view
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-                .collect();
-            return layout_is_ordered(&seen, lanes);
-        }
-        let _ = device.poll(wgpu::PollType::Poll);
-        std::thread::yield_now();
-    }
-    false
+    let Ok(view) = slice.get_mapped_range() else {
+        return false;
+    };
+    layout_is_ordered(bytemuck::cast_slice::<u8, u32>(&view), lanes)
 }
 
 #[cfg(test)]
