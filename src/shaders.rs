@@ -34,6 +34,19 @@ impl Variant {
     pub fn sg_lanes(self) -> u32 {
         self.subgroup_lanes.max(1)
     }
+
+    /// The optional features in use, as `describe()` and the benchmark's adapter line print
+    /// them: `", int64 Philox"`, `", 32-lane subgroup folds"`, both, or nothing.
+    pub fn describe(self) -> String {
+        let mut s = String::new();
+        if self.int64 {
+            s.push_str(", int64 Philox");
+        }
+        if self.subgroup_lanes > 1 {
+            s.push_str(&format!(", {}-lane subgroup folds", self.subgroup_lanes));
+        }
+        s
+    }
 }
 
 /// A kernel: one WGSL file, one Rust module, one CPU twin, one pipeline label prefix.

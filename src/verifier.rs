@@ -198,14 +198,7 @@ impl Verifier {
         check_options(&opts)?;
         let adapter = gpu::select_adapter()?;
         let limits = gpu::required_limits(&adapter.limits())?;
-        let mut wanted = wgpu::Features::empty();
-        if opts.shader_int64 {
-            wanted |= wgpu::Features::SHADER_INT64;
-        }
-        if opts.subgroups {
-            wanted |= wgpu::Features::SUBGROUP;
-        }
-        let features = adapter.features() & wanted;
+        let features = gpu::optional_features(&adapter, opts.shader_int64, opts.subgroups);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("specdec"),
             required_features: features,
@@ -305,20 +298,11 @@ impl Verifier {
     pub fn describe(&self) -> String {
         match &self.backend {
             Backend::Gpu(g) => format!(
-                "GPU: {} ({:?}, {:?}{}{})",
+                "GPU: {} ({:?}, {:?}{})",
                 g.info.name,
                 g.info.backend,
                 g.info.device_type,
-                if g.variant.int64 {
-                    ", int64 Philox"
-                } else {
-                    ""
-                },
-                if g.variant.subgroup_lanes > 1 {
-                    format!(", {}-lane subgroup folds", g.variant.subgroup_lanes)
-                } else {
-                    String::new()
-                }
+                g.variant.describe()
             ),
             Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),
         }

@@ -44,6 +44,13 @@ fn subgroup_variant_validates() {
         ..Default::default()
     });
     assert!(sub.contains("subgroupShuffleDown"));
+    // How describe() and the benchmark's adapter line name the variant.
+    let both = Variant {
+        int64: true,
+        subgroup_lanes: 32,
+    };
+    assert_eq!(both.describe(), ", int64 Philox, 32-lane subgroup folds");
+    assert_eq!(Variant::default().describe(), "");
     for k in Kernel::ALL {
         let portable = k.source(Variant::default());
         assert!(!portable.contains("subgroupShuffle"), "{}", k.name());

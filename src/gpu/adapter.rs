@@ -91,6 +91,24 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
 /// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
 /// compute at all.
 ///
+/// The optional features a verifier's device is asked for: `SHADER_INT64` and `SUBGROUP` where
+/// the options want them (`VerifierOptions::shader_int64` / `subgroups`) and the adapter has
+/// them. Shared by `Verifier::new` and the benchmark's device, so both run the same variant.
+pub(crate) fn optional_features(
+    adapter: &wgpu::Adapter,
+    int64: bool,
+    subgroups: bool,
+) -> wgpu::Features {
+    let mut wanted = wgpu::Features::empty();
+    if int64 {
+        wanted |= wgpu::Features::SHADER_INT64;
+    }
+    if subgroups {
+        wanted |= wgpu::Features::SUBGROUP;
+    }
+    adapter.features() & wanted
+}
+
 /// `pub(crate)` so that `speculative::gather_rows` picks its workgroup size the same way as the
 /// verifier's kernels instead of a copy of this clamp.
 pub(crate) fn workgroup_size(limits: &wgpu::Limits, requested: u32) -> u32 {

@@ -31,7 +31,7 @@ mod verify;
 mod windows;
 mod workspace;
 
-pub(crate) use adapter::{enumerate, rank_adapters, workgroup_size};
+pub(crate) use adapter::{enumerate, optional_features, rank_adapters, workgroup_size};
 pub use adapter::{required_limits, select_adapter};
 pub(crate) use bindings::{entry, layout_entry, ranged, scoped, storage};
 pub(crate) use readback::{spin_poll, MapFlag};

@@ -502,14 +502,7 @@ fn bench_device(
     let adapter = crate::gpu::select_adapter()?;
     let info = adapter.get_info();
     let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-    let mut wanted = wgpu::Features::empty();
-    if cfg.shader_int64 {
-        wanted |= wgpu::Features::SHADER_INT64;
-    }
-    if cfg.subgroups {
-        wanted |= wgpu::Features::SUBGROUP;
-    }
-    let optional = adapter.features() & wanted;
+    let optional = crate::gpu::optional_features(&adapter, cfg.shader_int64, cfg.subgroups);
     let limits = crate::gpu::required_limits(&adapter.limits())?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.bench"),
@@ -1626,17 +1619,16 @@ impl BenchReport {
         let _ =
             writeln!(
             s,
-            "adapter: {} ({}{}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
+            "adapter: {} ({}{}), {}; copy bw {:.0} GB/s (read+write), read-kernel bw {:.0} GB/s \
              ({:.0} after the last point; warm-up: {}); round-trip floor {}; dispatch-chain \
              floor {}; GPU time from {}",
             self.adapter,
             self.backend,
-            if self.int64 { ", int64 Philox" } else { "" },
-            if self.subgroup_lanes > 1 {
-                format!(", {}-lane subgroup folds", self.subgroup_lanes)
-            } else {
-                String::new()
-            },
+            crate::shaders::Variant {
+                int64: self.int64,
+                subgroup_lanes: self.subgroup_lanes,
+            }
+            .describe(),
             self.date,
             self.copy_gbps,
             self.read_gbps,
