@@ -136,20 +136,6 @@ impl GpuBackend {
             encoder.copy_buffer_to_buffer(&out, 0, &read, 0, bytes);
             self.queue.submit([encoder.finish()])
         })?;
-        let slice = read.slice(..);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: Some(self.timeout),
-            })
-            .map_err(|_| Error::Timeout {
-                waited: self.timeout,
-            })?;
-        let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
-            detail: format!("readback mapping: {e}"),
-        })?;
-        let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
-        Ok(words)
+        super::readback::read_words(&self.device, &read, index, self.timeout)
     }
 }

@@ -16,6 +16,30 @@ pub(crate) type VerifyWords = Vec<u32>;
 /// Set by the map callback: `Some(result)` once the readback is mapped (or failed).
 pub(crate) type MapFlag = Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>;
 
+/// The words of a small mappable `staging` buffer once `submission` (which copied them there)
+/// is done, waiting at most `timeout`: the readback of the one-off diagnostic dispatches
+/// (`rng_check`, the subgroup layout probe), which poll once instead of spinning.
+pub(super) fn read_words(
+    device: &wgpu::Device,
+    staging: &wgpu::Buffer,
+    submission: wgpu::SubmissionIndex,
+    timeout: Duration,
+) -> Result<Vec<u32>, Error> {
+    let slice = staging.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    // The map completes within the wait for the submission.
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(timeout),
+        })
+        .map_err(|_| Error::Timeout { waited: timeout })?;
+    let view = slice.get_mapped_range().map_err(|e| Error::Gpu {
+        detail: format!("readback mapping: {e}"),
+    })?;
+    Ok(bytemuck::cast_slice::<u8, u32>(&view).to_vec())
+}
+
 /// Polls `device` without blocking until `ready` gives a value or `spin` has passed (`None`
 /// then). Blocking reads call it before they sleep in the driver's wait, since waking from that
 /// wait costs a small call more than its GPU time (`VerifierOptions::spin_wait`); the

@@ -8,6 +8,7 @@
 //! device that does not keeps the portable folds (same results, every level through
 //! workgroup memory).
 
+use super::readback::read_words;
 use super::scoped;
 
 /// The probe's shader source.
@@ -81,20 +82,13 @@ pub(super) fn device_layout_is_ordered(
     let Ok((submission, staging)) = built else {
         return false;
     };
-    // As rng_check reads back: the map completes within the wait for the submission.
-    let slice = staging.slice(..);
-    slice.map_async(wgpu::MapMode::Read, |_| {});
-    let waited = device.poll(wgpu::PollType::Wait {
-        submission_index: Some(submission),
-        timeout: Some(std::time::Duration::from_secs(10)),
-    });
-    if waited.is_err() {
-        return false;
-    }
-    let Ok(view) = slice.get_mapped_range() else {
-        return false;
-    };
-    layout_is_ordered(bytemuck::cast_slice::<u8, u32>(&view), lanes)
+    read_words(
+        device,
+        &staging,
+        submission,
+        std::time::Duration::from_secs(10),
+    )
+    .is_ok_and(|seen| layout_is_ordered(&seen, lanes))
 }
 
 #[cfg(test)]
