@@ -2,9 +2,9 @@
 // (cutoff, row_stats, block_mass, residual_argmax). `Kernel::source` prepends this file after
 // common.wgsl; each kernel declares its other bindings (3 and up) itself. WGSL cannot pass a
 // storage array to a function, so loaders need their bindings declared at module scope: declared
-// once here, the four kernels read the rows exactly alike.
+// once here, the four kernels read the rows exactly alike. `params` (binding 0, or immediate
+// data) comes before this file: params_uniform.wgsl / params_immediate.wgsl.
 
-@group(0) @binding(0) var<uniform> params: Params;
 // The window's target rows and draft rows (probabilities or logits), as 32-bit words: f32 values,
 // or two f16 / bf16 values per word (see `widen`).
 @group(0) @binding(1) var<storage, read> target_logits: array<u32>;

@@ -22,7 +22,7 @@
 //
 // Output layout (u32 words):  [ tokens: R × out_stride (i32, -1 padded) | num_emitted: R | status: R ]
 
-@group(0) @binding(0) var<uniform> params: Params;
+// `params` (binding 0, or immediate data): params_uniform.wgsl / params_immediate.wgsl.
 @group(0) @binding(1) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(2) var<storage, read> chunk_stats: array<RowStats>;
 @group(0) @binding(3) var<storage, read> draft_ids: array<i32>;

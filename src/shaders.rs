@@ -17,6 +17,11 @@ pub const LANES_SUBGROUP: &str = include_str!("../shaders/lanes_subgroup.wgsl");
 /// Lane exchange for any device: every fold level through workgroup memory.
 pub const LANES_PORTABLE: &str = include_str!("../shaders/lanes_portable.wgsl");
 
+/// The Params of the verification kernels as a uniform slot at binding 0 (every device).
+pub const PARAMS_UNIFORM: &str = include_str!("../shaders/params_uniform.wgsl");
+/// The Params of the verification kernels as immediate data (needs `wgpu::Features::IMMEDIATES`).
+pub const PARAMS_IMMEDIATE: &str = include_str!("../shaders/params_immediate.wgsl");
+
 /// A pipeline variant: which optional device features the kernels use. Every variant computes
 /// the same bits; the portable one (`Variant::default()`) runs everywhere.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -27,6 +32,10 @@ pub struct Variant {
     /// smallest subgroup size; needs `wgpu::Features::SUBGROUP`), or 0: every fold level through
     /// workgroup memory.
     pub subgroup_lanes: u32,
+    /// The verification kernels take their Params as immediate data set with each dispatch
+    /// instead of a uniform slot at binding 0 (needs `wgpu::Features::IMMEDIATES` and
+    /// [`crate::layout::Params`]' size within the device's `max_immediate_size`).
+    pub immediates: bool,
 }
 
 impl Variant {
@@ -36,7 +45,8 @@ impl Variant {
     }
 
     /// The optional features in use, as `describe()` and the benchmark's adapter line print
-    /// them: `", int64 Philox"`, `", 32-lane subgroup folds"`, both, or nothing.
+    /// them: any of `", int64 Philox"`, `", 32-lane subgroup folds"` and
+    /// `", Params as immediates"`, in that order, or nothing.
     pub fn describe(self) -> String {
         let mut s = String::new();
         if self.int64 {
@@ -44,6 +54,9 @@ impl Variant {
         }
         if self.subgroup_lanes > 1 {
             s.push_str(&format!(", {}-lane subgroup folds", self.subgroup_lanes));
+        }
+        if self.immediates {
+            s.push_str(", Params as immediates");
         }
         s
     }
@@ -142,8 +155,15 @@ impl Kernel {
         )
     }
 
+    /// True for the verification kernels: they read the window's `Params` (binding 0, or
+    /// immediate data in a [`Variant`] with `immediates`).
+    pub fn takes_params(self) -> bool {
+        !matches!(self, Kernel::RngCheck | Kernel::ReadBandwidth)
+    }
+
     /// The full source handed to the device for `variant`: common declarations, the `mul_wide`
-    /// of the variant, [`ROWS`] for the kernels that read rows, then the kernel.
+    /// and lane exchange of the variant, the Params declaration of the variant for the kernels
+    /// that take them, [`ROWS`] for the kernels that read rows, then the kernel.
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
     /// replaces the built-in kernel body (to time shader experiments on a device without
@@ -167,7 +187,12 @@ impl Kernel {
         } else {
             LANES_PORTABLE
         };
-        format!("{COMMON}\n{mul_wide}\n{lanes}\n{rows}\n{body}")
+        let params = match (self.takes_params(), variant.immediates) {
+            (false, _) => "",
+            (true, false) => PARAMS_UNIFORM,
+            (true, true) => PARAMS_IMMEDIATE,
+        };
+        format!("{COMMON}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}")
     }
 }
 
@@ -187,6 +212,9 @@ pub fn validate_variant(
     }
     if variant.subgroup_lanes > 1 {
         caps |= naga::valid::Capabilities::SUBGROUP;
+    }
+    if variant.immediates {
+        caps |= naga::valid::Capabilities::IMMEDIATES;
     }
     Kernel::ALL
         .iter()

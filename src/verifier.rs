@@ -76,6 +76,15 @@ pub struct VerifierOptions {
     /// has it). Same results either way: the folds keep their order; false forces every fold
     /// level through workgroup memory.
     pub subgroups: bool,
+    /// Hand the kernels their per-window parameters as immediate data (push constants) set
+    /// with each dispatch, where the device offers `IMMEDIATES` with room for them
+    /// (`Verifier::new` then asks for the feature), instead of a slot of a uniform buffer that
+    /// each kernel first loads from memory. Same results either way. Default false: on an
+    /// NVIDIA H200 through Vulkan every dispatch took about 1 µs longer with them (GPU time
+    /// 1.055x, R = 1 1.07x; `docs/performance.md`). Devices that keep push constants in
+    /// registers may gain one memory round per dispatch; `specdec bench --immediates` measures
+    /// it on yours.
+    pub immediates: bool,
     /// The runtime checks naga compiles into every kernel, or `None` (the default) for the
     /// measured choice: index clamps everywhere, and wgpu's loop-bounding counter everywhere
     /// except row_stats and residual_argmax. Their loops run to bounds the host validates
@@ -107,6 +116,7 @@ impl Default for VerifierOptions {
             workgroup_size: None,
             shader_int64: true,
             subgroups: true,
+            immediates: false,
             shader_checks: None,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
@@ -198,7 +208,7 @@ impl Verifier {
         check_options(&opts)?;
         let adapter = gpu::select_adapter()?;
         let limits = gpu::required_limits(&adapter.limits())?;
-        let features = gpu::optional_features(&adapter, opts.shader_int64, opts.subgroups);
+        let features = gpu::optional_features(&adapter, &opts);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("specdec"),
             required_features: features,

@@ -543,6 +543,77 @@ fn subgroup_and_portable_folds_match_the_twin() {
 }
 
 #[test]
+fn params_as_immediates_and_as_uniform_slots_match_the_twin() {
+    // `VerifierOptions::immediates` changes how each dispatch gets its window's Params
+    // (immediate data set with it, or a dynamic offset into the uniform slots), never a result.
+    // The batches use several windows (each its own slot) and, with top-k / top-p, cutoff
+    // groups (slots after the windows'), with the block rule on some requests (block_mass and
+    // block_settle): a dispatch handed another slot's Params, or none (wgpu zeroes immediate
+    // data whenever the pipeline layout changes), reads the wrong rows. The default verifier
+    // takes the uniform slots; asked for immediates it must take them wherever the adapter
+    // offers IMMEDIATES, or this test would compare the uniform path with itself.
+    let Some(g) = gpu() else { return };
+    assert!(
+        !g.describe().contains("Params as immediates"),
+        "{}",
+        g.describe()
+    );
+    let has_immediates = specdec::select_adapter()
+        .unwrap()
+        .features()
+        .contains(wgpu::Features::IMMEDIATES);
+    const V: u32 = 9000;
+    let mut gen = Gen::new(14);
+    let mut batches: Vec<Owned> = (0..3u8)
+        .map(|kind| {
+            Owned::random(
+                &mut gen,
+                V,
+                &[3, 0, 5, 1, 2],
+                &[0.0, 1.0, 0.7, 1.3],
+                kind,
+                0.6,
+            )
+        })
+        .collect();
+    for (i, b) in batches.iter_mut().enumerate() {
+        for (j, r) in b.requests.iter_mut().enumerate() {
+            match (i + j) % 4 {
+                1 => r.params = r.params.with_top_p(0.8),
+                2 => r.params = r.params.with_top_k(40),
+                3 => r.params.rule = Rule::Block,
+                _ => {}
+            }
+        }
+    }
+    batches.push(Owned::random(&mut gen, V, &[4, 2, 6], &[0.0, 0.0], 0, 0.6));
+    for immediates in [true, false] {
+        let v = Verifier::new(specdec::VerifierOptions {
+            immediates,
+            // Three rows per window: every batch spans several windows.
+            max_binding_bytes: Some(3 * u64::from(V) * 4 + 256),
+            ..specdec::VerifierOptions::default()
+        })
+        .unwrap();
+        assert_eq!(
+            v.describe().contains("Params as immediates"),
+            immediates && has_immediates,
+            "{}",
+            v.describe()
+        );
+        for (i, b) in batches.iter().enumerate() {
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            let got = v.verify_blocking(&b.batch()).unwrap();
+            let diff = twin_differences(&got, &want);
+            assert!(
+                diff.is_empty(),
+                "immediates {immediates}, batch {i}: {diff:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn requests_with_more_rows_than_lanes_match_the_twin() {
     // verify's lanes take a request's rows 64 at a time, each folding its row's chunk partials
     // in order. At V = 70,000 (18 chunks) a request with 70 drafts has 71 rows, so lane 6 takes

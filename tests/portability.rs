@@ -443,6 +443,7 @@ fn subgroup_folds_translate_to_the_subgroup_backends() {
     let modules = validate_variant(Variant {
         int64: false,
         subgroup_lanes: 32,
+        immediates: false,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let mut failures = Vec::new();

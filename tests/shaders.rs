@@ -36,6 +36,7 @@ fn subgroup_variant_validates() {
     let modules = specdec::shaders::validate_variant(Variant {
         int64: true,
         subgroup_lanes: 32,
+        immediates: false,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(modules.len(), Kernel::ALL.len());
@@ -48,12 +49,54 @@ fn subgroup_variant_validates() {
     let both = Variant {
         int64: true,
         subgroup_lanes: 32,
+        immediates: false,
     };
     assert_eq!(both.describe(), ", int64 Philox, 32-lane subgroup folds");
+    let all = Variant {
+        immediates: true,
+        ..both
+    };
+    assert_eq!(
+        all.describe(),
+        ", int64 Philox, 32-lane subgroup folds, Params as immediates"
+    );
     assert_eq!(Variant::default().describe(), "");
     for k in Kernel::ALL {
         let portable = k.source(Variant::default());
         assert!(!portable.contains("subgroupShuffle"), "{}", k.name());
+    }
+}
+
+/// The immediates variant parses and validates (with naga's IMMEDIATES capability): every
+/// verification kernel declares its Params as immediate data and binds nothing at 0, the
+/// portable modules the uniform slot at 0, and the diagnostics kernels neither.
+#[test]
+fn immediates_variant_validates() {
+    use specdec::shaders::Variant;
+    let imm = Variant {
+        immediates: true,
+        ..Default::default()
+    };
+    let modules = specdec::shaders::validate_variant(imm).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(modules.len(), Kernel::ALL.len());
+    for (kernel, module, _) in &modules {
+        let immediate = module
+            .global_variables
+            .iter()
+            .any(|(_, g)| g.space == naga::AddressSpace::Immediate);
+        let at_zero = module
+            .global_variables
+            .iter()
+            .any(|(_, g)| g.binding.as_ref().is_some_and(|b| b.binding == 0));
+        assert_eq!(immediate, kernel.takes_params(), "{}", kernel.name());
+        assert!(!(kernel.takes_params() && at_zero), "{}", kernel.name());
+    }
+    for (kernel, module, _) in validate_all().unwrap() {
+        let uniform = module
+            .global_variables
+            .iter()
+            .any(|(_, g)| g.space == naga::AddressSpace::Uniform);
+        assert_eq!(uniform, kernel.takes_params(), "{}", kernel.name());
     }
 }
 

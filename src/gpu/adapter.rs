@@ -83,6 +83,9 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
     l.max_compute_workgroups_per_dimension = adapter.max_compute_workgroups_per_dimension;
     l.max_compute_invocations_per_workgroup = adapter.max_compute_invocations_per_workgroup;
     l.max_compute_workgroup_size_x = adapter.max_compute_workgroup_size_x;
+    // Room for the Params as immediate data (`Variant::immediates`) where the adapter has any;
+    // 256 bytes is more than the Params take and within what every backend offers.
+    l.max_immediate_size = adapter.max_immediate_size.min(256);
     Ok(l)
 }
 
@@ -91,20 +94,23 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
 /// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
 /// compute at all.
 ///
-/// The optional features a verifier's device is asked for: `SHADER_INT64` and `SUBGROUP` where
-/// the options want them (`VerifierOptions::shader_int64` / `subgroups`) and the adapter has
-/// them. Shared by `Verifier::new` and the benchmark's device, so both run the same variant.
+/// The optional features a verifier's device is asked for: `SHADER_INT64`, `SUBGROUP` and
+/// `IMMEDIATES` where the options want them (`VerifierOptions::shader_int64` / `subgroups` /
+/// `immediates`) and the adapter has them. Shared by `Verifier::new` and the benchmark's device,
+/// so both run the same variant.
 pub(crate) fn optional_features(
     adapter: &wgpu::Adapter,
-    int64: bool,
-    subgroups: bool,
+    opts: &crate::VerifierOptions,
 ) -> wgpu::Features {
     let mut wanted = wgpu::Features::empty();
-    if int64 {
+    if opts.shader_int64 {
         wanted |= wgpu::Features::SHADER_INT64;
     }
-    if subgroups {
+    if opts.subgroups {
         wanted |= wgpu::Features::SUBGROUP;
+    }
+    if opts.immediates {
+        wanted |= wgpu::Features::IMMEDIATES;
     }
     adapter.features() & wanted
 }

@@ -100,16 +100,50 @@ pub(crate) fn scoped<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> Result<
     }
 }
 
+/// The binding of the Params slot in every verification kernel's layout (absent where the
+/// variant takes the Params as immediate data).
+pub(super) const PARAMS_BINDING: u32 = 0;
+
 /// The layout of a verification kernel: the Params slot (dynamic offset) at 0 and storage
-/// buffers at 1..=`last`; `writable` lists the read-write ones.
+/// buffers at 1..=`last`; `writable` lists the read-write ones. `build_pipelines` drops the
+/// slot where the variant takes the Params as immediate data.
 pub(super) fn with_params(last: u32, writable: &[u32]) -> Vec<wgpu::BindGroupLayoutEntry> {
-    let mut v = vec![layout_entry(0, params_uniform())];
+    let mut v = vec![layout_entry(PARAMS_BINDING, params_uniform())];
     v.extend((1..=last).map(|b| layout_entry(b, storage(!writable.contains(&b)))));
     v
 }
 
 /// The Params binding of every verification bind group: one slot of the workspace's Params
-/// slots, chosen per dispatch by its dynamic offset.
+/// slots, chosen per dispatch by its dynamic offset (`GpuBackend::bind_group` leaves it out
+/// where the variant takes the Params as immediate data).
 pub(super) fn params_entry(ws: &Workspace) -> wgpu::BindGroupEntry<'_> {
-    ws.meta_entry(0, (ws.meta_at.params.0, PARAMS_BYTES as u64))
+    ws.meta_entry(PARAMS_BINDING, (ws.meta_at.params.0, PARAMS_BYTES as u64))
+}
+
+/// The Params of a call's slots (one per window, then one per cutoff group), as
+/// `GpuBackend::write_metadata` wrote them, and how a dispatch gets its slot.
+pub(super) struct ParamSlots {
+    /// Each slot's Params.
+    pub params: Vec<Params>,
+    /// Bytes between two slots of the uniform buffer.
+    pub slot_size: u64,
+    /// The variant takes the Params as immediate data, not through binding 0.
+    pub immediates: bool,
+}
+
+impl ParamSlots {
+    /// Binds `group` and slot `slot`'s Params for the next dispatch: as immediate data, or as
+    /// the dynamic offset of binding 0. Call it after every `set_pipeline`: wgpu clears the
+    /// immediate data whenever the pipeline layout changes (another kernel's pipeline), and its
+    /// OpenGL backend, which emulates immediate data with each program's uniforms, loses them
+    /// at any pipeline change (a cutoff group's scans read zeroed Params there when bound once
+    /// for the group).
+    pub fn bind(&self, pass: &mut wgpu::ComputePass<'_>, group: &wgpu::BindGroup, slot: usize) {
+        if self.immediates {
+            pass.set_bind_group(0, group, &[]);
+            pass.set_immediates(0, bytemuck::bytes_of(&self.params[slot]));
+        } else {
+            pass.set_bind_group(0, group, &[(slot as u64 * self.slot_size) as u32]);
+        }
+    }
 }

@@ -321,13 +321,13 @@ impl GpuBackend {
         let cut = &shape.cut;
         for (g, &(i, a, b)) in cut.groups.iter().enumerate() {
             let rows = (b - a) as u32;
-            pass.set_bind_group(
-                0,
-                &groups[i],
-                &[((shape.windows.len() + g) as u64 * shape.slot_size) as u32],
-            );
-            pass.set_pipeline(self.pipeline(Kernel::Cutoff, "init"));
-            pass.dispatch_workgroups(1, rows, cut.sides);
+            // Every pipeline of the group gets the group's slot again (`ParamSlots::bind`).
+            let mut run = |pipeline: &wgpu::ComputePipeline, x: u32| {
+                pass.set_pipeline(pipeline);
+                shape.slots.bind(pass, &groups[i], shape.windows.len() + g);
+                pass.dispatch_workgroups(x, rows, cut.sides);
+            };
+            run(self.pipeline(Kernel::Cutoff, "init"), 1);
             // The first round is every row's max (scan_max, pick_max), the others the value
             // bins' stages.
             for step in 0..cut.steps {
@@ -336,10 +336,11 @@ impl GpuBackend {
                     (0, false) => ("scan_max", "pick_max"),
                     _ => ("scan", "pick"),
                 };
-                pass.set_pipeline(self.special_pipeline(Kernel::Cutoff, scan, shape.plain_loads()));
-                pass.dispatch_workgroups(cut.slices, rows, cut.sides);
-                pass.set_pipeline(self.pipeline(Kernel::Cutoff, pick));
-                pass.dispatch_workgroups(1, rows, cut.sides);
+                run(
+                    self.special_pipeline(Kernel::Cutoff, scan, shape.plain_loads()),
+                    cut.slices,
+                );
+                run(self.pipeline(Kernel::Cutoff, pick), 1);
             }
         }
     }

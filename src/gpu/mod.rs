@@ -196,6 +196,9 @@ impl GpuBackend {
         let variant = crate::shaders::Variant {
             int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
             subgroup_lanes: subgroup_lanes(&device, &queue, &info, opts.subgroups),
+            immediates: opts.immediates
+                && device.features().contains(wgpu::Features::IMMEDIATES)
+                && device.limits().max_immediate_size as usize >= bindings::PARAMS_BYTES,
         };
         let (layouts, pipelines, dummy) = scoped(&device, || {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
@@ -285,9 +288,9 @@ impl GpuBackend {
             checks::check_device_ids(plan, ids)?;
         }
         let max_rows = self.check_fit(plan, target, draft)?;
-        let shape = Shape::new(self, plan, (target, draft), max_rows, false);
+        let mut shape = Shape::new(self, plan, (target, draft), max_rows, false);
         self.ensure_workspace(ws, plan, &shape);
-        let rows = self.write_metadata(ws, plan, &shape, target, draft);
+        let rows = self.write_metadata(ws, plan, &mut shape, target, draft);
         let ws = &*ws;
         self.bind_callers(ws, &callers(target, draft));
         scoped(&self.device, || {

@@ -152,14 +152,23 @@ pub(super) fn build_pipelines(
         // so dropping the checks (`VerifierOptions::shader_checks`) changes no access.
         let checks = checks.unwrap_or_else(|| default_checks(kernel));
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
+        // With Params as immediate data the layout has no binding 0, and the pipeline layout
+        // holds the immediate data instead.
+        let immediates = variant.immediates && kernel.takes_params();
+        let mut entries = kernel_layout_entries(kernel);
+        entries.retain(|e| !(immediates && e.binding == super::bindings::PARAMS_BINDING));
         let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(&label),
-            entries: &kernel_layout_entries(kernel),
+            entries: &entries,
         });
         let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
             bind_group_layouts: &[Some(&bgl)],
-            immediate_size: 0,
+            immediate_size: if immediates {
+                super::bindings::PARAMS_BYTES as u32
+            } else {
+                0
+            },
         });
         for (&entry, &special) in kernel
             .entry_points()

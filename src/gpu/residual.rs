@@ -94,7 +94,7 @@ impl GpuBackend {
         let special = shape.residual_special();
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "block", special));
         for (i, w) in shape.windows.iter().enumerate() {
-            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            shape.slots.bind(pass, &groups[i], i);
             let requests = (w.req_end - w.req_begin) as u32;
             pass.dispatch_workgroups(shape.num_blocks, requests, shape.candidate_rows);
         }
@@ -115,7 +115,7 @@ impl GpuBackend {
         // candidates are) changes the merge.
         let special = shape.residual_special();
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "merge", special));
-        pass.set_bind_group(0, &groups[0], &[0]);
+        shape.slots.bind(pass, &groups[0], 0);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);
     }
 }

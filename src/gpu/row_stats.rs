@@ -154,7 +154,7 @@ impl GpuBackend {
         };
         pass.set_pipeline(self.special_pipeline(Kernel::RowStats, entry, shape.special));
         for (i, w) in shape.windows.iter().enumerate() {
-            pass.set_bind_group(0, &groups[i], &[(i as u64 * shape.slot_size) as u32]);
+            shape.slots.bind(pass, &groups[i], i);
             pass.dispatch_workgroups(shape.stats_blocks, (w.row_end - w.row_begin) as u32, 1);
         }
     }

@@ -23,8 +23,9 @@ pub(super) struct Shape {
     pub n: usize,
     /// The row windows, each bound and dispatched on its own.
     pub windows: Vec<Window>,
-    /// Bytes between two Params slots (the windows' slots, then the cutoff groups').
-    pub slot_size: u64,
+    /// The Params slots (the windows' slots, then the cutoff groups'): their size, and their
+    /// values once `write_metadata` has written them.
+    pub slots: super::bindings::ParamSlots,
     /// Storage offset alignment of the device.
     pub align: u64,
     /// Vocabulary entries per residual_argmax block.
@@ -105,8 +106,12 @@ impl Shape {
         let cut = CutShape::new(g, plan, &windows, filters);
         Shape {
             n,
-            slot_size: super::bindings::PARAM_SLOT
-                .max(u64::from(limits.min_uniform_buffer_offset_alignment)),
+            slots: super::bindings::ParamSlots {
+                params: Vec::new(),
+                slot_size: super::bindings::PARAM_SLOT
+                    .max(u64::from(limits.min_uniform_buffer_offset_alignment)),
+                immediates: g.variant.immediates,
+            },
             align: u64::from(limits.min_storage_buffer_offset_alignment),
             block_len,
             num_blocks: plan.vocab.div_ceil(block_len),

@@ -104,7 +104,7 @@ impl GpuBackend {
         let values = plan.total_rows as u64 * (5 + u64::from(shape.num_chunks));
         ws.masses.ensure(dev, values * 4);
         ws.out.ensure(dev, at.total as u64 * 4);
-        let rows = self.write_metadata(ws, plan, &shape, src.target, src.draft);
+        let rows = self.write_metadata(ws, plan, &mut shape, src.target, src.draft);
         self.queue
             .write_buffer(ws.tree_table.get(), 0, bytemuck::cast_slice(&table));
         if !tokens.is_empty() {
@@ -154,7 +154,7 @@ impl GpuBackend {
                             "tree_merge",
                             special,
                         ));
-                        pass.set_bind_group(0, &walk, &[0]);
+                        shape.slots.bind(pass, &walk, 0);
                         pass.dispatch_workgroups(shape.n as u32, 1, 1);
                         "tree_walk"
                     } else {
@@ -162,7 +162,7 @@ impl GpuBackend {
                     };
                     self.record_tree_values(pass, &shape, &values, levels);
                     pass.set_pipeline(self.special_pipeline(Kernel::Verify, walk_entry, special));
-                    pass.set_bind_group(0, &walk, &[0]);
+                    shape.slots.bind(pass, &walk, 0);
                     pass.dispatch_workgroups(shape.n as u32, 1, 1);
                 },
                 &|pass| self.record_residual_blocks(pass, &shape, &residual, false),
@@ -203,21 +203,20 @@ impl GpuBackend {
         levels: u32,
     ) {
         let windows = || shape.windows.iter().enumerate();
-        let offset = |i: usize| [(i as u64 * shape.slot_size) as u32];
         pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree"));
         for (i, w) in windows() {
-            pass.set_bind_group(0, &groups[i], &offset(i));
+            shape.slots.bind(pass, &groups[i], i);
             pass.dispatch_workgroups((w.row_end - w.row_begin) as u32, 1, 1);
         }
         for _ in 1..levels {
             pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree_mass"));
             for (i, w) in windows() {
-                pass.set_bind_group(0, &groups[i], &offset(i));
+                shape.slots.bind(pass, &groups[i], i);
                 pass.dispatch_workgroups(shape.num_chunks, (w.row_end - w.row_begin) as u32, 1);
             }
             pass.set_pipeline(self.pipeline(Kernel::BlockMass, "tree_fold"));
             for (i, w) in windows() {
-                pass.set_bind_group(0, &groups[i], &offset(i));
+                shape.slots.bind(pass, &groups[i], i);
                 pass.dispatch_workgroups((w.row_end - w.row_begin).div_ceil(64) as u32, 1, 1);
             }
         }

@@ -101,18 +101,19 @@ impl GpuBackend {
     }
 
     /// Writes the Params slots (one per window, then one per cutoff group) and the plan's
-    /// tables into `ws`; returns the rows each window binds.
+    /// tables into `ws`, keeps the slots' Params in `shape.slots` (the immediate data of the
+    /// dispatches); returns the rows each window binds.
     pub(super) fn write_metadata<'a>(
         &self,
         ws: &Workspace,
         plan: &Plan,
-        shape: &Shape,
+        shape: &mut Shape,
         target: GpuRows<'a>,
         draft: Option<GpuRows<'a>>,
     ) -> Vec<WindowRows<'a>> {
         let windows = &shape.windows;
         let base = shape.base_params(plan);
-        let slot = shape.slot_size as usize;
+        let slot = shape.slots.slot_size as usize;
         let mut slots = vec![0u8; slot * (windows.len() + shape.cut.groups.len()).max(1)];
         let mut rows = Vec::with_capacity(windows.len());
         let mut window_params = Vec::with_capacity(windows.len());
@@ -128,6 +129,11 @@ impl GpuBackend {
         if windows.is_empty() {
             slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
         }
+        shape.slots.params = if windows.is_empty() {
+            vec![base]
+        } else {
+            window_params.into_iter().chain(group_params).collect()
+        };
         // Every part into one buffer with one write (see `Workspace::meta`).
         let at = ws.meta_at;
         let mut meta = vec![0u8; at.end() as usize];

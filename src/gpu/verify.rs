@@ -79,7 +79,7 @@ impl GpuBackend {
             "main",
             Self::verify_special(shape),
         ));
-        pass.set_bind_group(0, group, &[0]);
+        shape.slots.bind(pass, group, 0);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);
     }
 
@@ -96,7 +96,7 @@ impl GpuBackend {
             "block_settle",
             Self::verify_special(shape),
         ));
-        pass.set_bind_group(0, group, &[0]);
+        shape.slots.bind(pass, group, 0);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);
     }
 }

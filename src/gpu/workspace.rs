@@ -301,10 +301,17 @@ impl GpuBackend {
                 return g.clone();
             }
         }
+        // Where the variant takes the Params as immediate data, the layout has no binding 0.
+        let immediates = self.variant.immediates && kernel.takes_params();
+        let entries: Vec<_> = entries
+            .iter()
+            .filter(|e| !(immediates && e.binding == super::bindings::PARAMS_BINDING))
+            .cloned()
+            .collect();
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout: &self.layouts[&kernel],
-            entries,
+            entries: &entries,
         });
         self.groups_made
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -350,8 +357,8 @@ impl GpuBackend {
         let n = shape.n;
         let slots = (shape.windows.len() + shape.cut.group_slots).max(1);
         ws.meta_at = MetaLayout::new(
-            shape.align.max(shape.slot_size),
-            shape.slot_size * slots as u64,
+            shape.align.max(shape.slots.slot_size),
+            shape.slots.slot_size * slots as u64,
             (n * 64) as u64,
             (plan.total_rows * 16) as u64,
             (plan.total_drafts * 4) as u64,

@@ -146,6 +146,8 @@ pub struct BenchConfig {
     pub shader_int64: bool,
     /// `VerifierOptions::subgroups` of the verifier under test.
     pub subgroups: bool,
+    /// `VerifierOptions::immediates` of the verifier under test.
+    pub immediates: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
     pub workgroup_size: Option<u32>,
     /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
@@ -176,6 +178,22 @@ pub struct BenchConfig {
 }
 
 impl BenchConfig {
+    /// The options of the verifier under test (the device's optional features follow them).
+    fn options(&self) -> VerifierOptions {
+        VerifierOptions {
+            target_workgroups: self.target_workgroups,
+            early_race_entries: self.early_race_entries,
+            wide_greedy_chunks: self.wide_greedy_chunks,
+            spin_wait: self.spin_wait,
+            shader_checks: self.shader_checks,
+            workgroup_size: self.workgroup_size,
+            shader_int64: self.shader_int64,
+            subgroups: self.subgroups,
+            immediates: self.immediates,
+            ..VerifierOptions::default()
+        }
+    }
+
     /// The full grid (the vLLM anchors' grid).
     pub fn full() -> Self {
         BenchConfig {
@@ -194,6 +212,7 @@ impl BenchConfig {
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
+            immediates: false,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -224,6 +243,7 @@ impl BenchConfig {
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
+            immediates: false,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -296,10 +316,9 @@ pub struct BenchReport {
     pub warm_reads: Vec<f64>,
     /// Whether GPU times come from timestamp queries.
     pub timestamps: bool,
-    /// Whether the kernels used 64-bit multiplies (SHADER_INT64) or the portable path.
-    pub int64: bool,
-    /// The subgroup width the kernels' folds exchanged lanes across in registers (0: none).
-    pub subgroup_lanes: u32,
+    /// The kernels' variant: 64-bit multiplies, subgroup folds, Params as immediates (all off
+    /// on the CPU backend).
+    pub variant: crate::shaders::Variant,
     /// The smallest whole round trip through wgpu on this device, median µs: write 64 bytes,
     /// one dispatch of one workgroup, copy 256 bytes to a mappable buffer, map and read them.
     /// What a whole call cannot go below; `None` on the CPU backend. It waits for the map as the
@@ -502,7 +521,7 @@ fn bench_device(
     let adapter = crate::gpu::select_adapter()?;
     let info = adapter.get_info();
     let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-    let optional = crate::gpu::optional_features(&adapter, cfg.shader_int64, cfg.subgroups);
+    let optional = crate::gpu::optional_features(&adapter, &cfg.options());
     let limits = crate::gpu::required_limits(&adapter.limits())?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.bench"),
@@ -544,18 +563,8 @@ impl GpuBench {
         timestamps: bool,
         progress: &mut impl FnMut(&str),
     ) -> Result<GpuBench, Error> {
-        // The options under test; SHADER_INT64 follows the device `bench_device` created.
-        let opts = VerifierOptions {
-            target_workgroups: cfg.target_workgroups,
-            early_race_entries: cfg.early_race_entries,
-            wide_greedy_chunks: cfg.wide_greedy_chunks,
-            spin_wait: cfg.spin_wait,
-            shader_checks: cfg.shader_checks,
-            workgroup_size: cfg.workgroup_size,
-            subgroups: cfg.subgroups,
-            ..VerifierOptions::default()
-        };
-        let verifier = Verifier::with_device(device.clone(), queue.clone(), opts)?;
+        // The options under test (the device `bench_device` created has their features).
+        let verifier = Verifier::with_device(device.clone(), queue.clone(), cfg.options())?;
         let cpu = Verifier::cpu(VerifierOptions::default());
         let period_ns = f64::from(queue.get_timestamp_period());
 
@@ -1087,11 +1096,10 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
     ));
     Ok(BenchReport {
         adapter: info.name.clone(),
-        int64: b.verifier.gpu_backend().is_some_and(|g| g.variant.int64),
-        subgroup_lanes: b
+        variant: b
             .verifier
             .gpu_backend()
-            .map_or(0, |g| g.variant.subgroup_lanes),
+            .map_or_else(Default::default, |g| g.variant),
         backend: format!("{:?}", info.backend),
         date: today(),
         copy_gbps,
@@ -1490,8 +1498,7 @@ pub fn run_cpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         read_gbps_end: read_gbps,
         warm_reads: vec![read_gbps],
         timestamps: false,
-        int64: false,
-        subgroup_lanes: 0,
+        variant: Default::default(),
         floor_us: None,
         floor_spin_us: 0.0,
         chain_floor: Vec::new(),
@@ -1624,11 +1631,7 @@ impl BenchReport {
              floor {}; GPU time from {}",
             self.adapter,
             self.backend,
-            crate::shaders::Variant {
-                int64: self.int64,
-                subgroup_lanes: self.subgroup_lanes,
-            }
-            .describe(),
+            self.variant.describe(),
             self.date,
             self.copy_gbps,
             self.read_gbps,
@@ -1935,6 +1938,7 @@ Options:
   --reps N            timed calls per point (at most 512)   --no-baseline  skip copy-to-host + CPU baseline
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --no-subgroups      fold every level through workgroup memory (VerifierOptions::subgroups)
+  --immediates        Params as immediate data, not uniform slots (VerifierOptions::immediates)
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
                       row_stats (VerifierOptions::early_race_entries; 0 = off; default:
@@ -2031,6 +2035,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--no-baseline" => cfg.baseline_reps = 0,
             "--portable" => cfg.shader_int64 = false,
             "--no-subgroups" => cfg.subgroups = false,
+            "--immediates" => cfg.immediates = true,
             "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
             "--workgroup-size" => {
                 cfg.workgroup_size = Some(parse_one("--workgroup-size", &value()?)?)
