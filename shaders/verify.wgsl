@@ -476,13 +476,12 @@ fn merge_greedy_rows(info: ReqInfo, lane: u32, rows: u32) -> MergedRow {
 // the lane of the stopping row what settle's lane 0 writes. No round trip through row_stats and
 // draft_ids after the merge (the pass's last dependent loads at small batches).
 fn settle_from_registers(r: u32, lane: u32, info: ReqInfo, mine: MergedRow, stop: u32, block: bool) {
-    let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += VERIFY_WG) {
         if (j < stop) {
             // j < stop <= k: lane j holds row j.
             put_accepted(info, j, mine.drafted, mine.st);
         } else if (j > stop) {
-            put_padding(info, j, nan2);
+            put_padding(info, j);
         }
     }
     if (lane == stop) {
@@ -615,12 +614,11 @@ fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 fn settle(r: u32, lane: u32, lanes: u32, info: ReqInfo, stop: u32, block: bool) {
     // Accepted drafts, then -1 padding after the emitted slot; every slot is written.
     // (Slot `stop` belongs to settle_stop on lane 0, or to the residual pass.)
-    let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += lanes) {
         if (j < stop) {
             put_accepted(info, j, draft_ids[info.draft_offset + j], row_stats[info.row_offset + j]);
         } else if (j > stop) {
-            put_padding(info, j, nan2);
+            put_padding(info, j);
         }
     }
     if (lane != 0u) {
@@ -638,10 +636,11 @@ fn put_accepted(info: ReqInfo, j: u32, token: i32, st: RowStats) {
     put_logprobs(info.out_offset + j, logprobs_of(info, st, st.t_at_d));
 }
 
-// Output slot j (> stop): -1 padding, NaN logprobs (`nan2`, nan_pair).
-fn put_padding(info: ReqInfo, j: u32, nan2: vec2<f32>) {
+// Output slot j past the emitted one (of settle, settle_from_registers and walk_tree): -1
+// padding, NaN logprobs.
+fn put_padding(info: ReqInfo, j: u32) {
     out_words[info.out_offset + j] = bitcast<u32>(-1);
-    put_logprobs(info.out_offset + j, nan2);
+    put_logprobs(info.out_offset + j, nan_pair());
 }
 
 // Settle's part for the row where request r stopped (statistics `st`, drafted token `d`, -1 at
@@ -649,12 +648,11 @@ fn put_padding(info: ReqInfo, j: u32, nan2: vec2<f32>) {
 fn settle_stop(r: u32, info: ReqInfo, stop: u32, st: RowStats, d: i32, block: bool) {
     let k = info.num_drafts;
     let greedy = (info.flags & REQ_GREEDY) != 0u;
-    let nan2 = nan_pair();
     var status = 0u;
     var task = Task(TASK_NONE, stop, -1, info.out_offset + stop);
     var final_token = -1;
     // NaN unless settled here (greedy) or by the residual pass (sampled).
-    put_logprobs(info.out_offset + stop, nan2);
+    put_logprobs(info.out_offset + stop, nan_pair());
     if (row_nonfinite(st)) {
         // NaN / +inf is a numeric failure; a row that is all -inf (after the controls, which
         // never empty a finite row) was masked entirely by the caller.
@@ -853,12 +851,11 @@ fn walk_tree(r: u32) {
     let greedy = (info.flags & REQ_GREEDY) != 0u;
     let children = 8u * params.total_rows;
     let nodes = tree_scratch();
-    let nan2 = nan_pair();
     var g = info.row_offset;
     var count = 0u;
     var step = TreeStep(NO_INDEX, TASK_NONE, 1.0, 0u, 0u);
     var final_token = -1;
-    var final_lp = nan2;
+    var final_lp = nan_pair();
     loop {
         let st = row_stats[g];
         let cb = tree_word(8u * g + 2u);
@@ -903,8 +900,7 @@ fn walk_tree(r: u32) {
     put_logprobs(last, final_lp);
     for (var j = count; j < params.out_stride; j += 1u) {
         if (j > count) {
-            out_words[info.out_offset + j] = bitcast<u32>(-1);
-            put_logprobs(info.out_offset + j, nan2);
+            put_padding(info, j);
         }
         out_words[nodes + info.out_offset + j] = bitcast<u32>(-1);
     }
