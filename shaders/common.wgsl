@@ -33,7 +33,7 @@ struct Params {
     flags: u32,          // PARAM_* bits of this window
     cut_slice: u32,      // row entries per cutoff scan workgroup (tuning only, never changes results)
     cut_list: u32,       // words of a cutoff slot's list of top-p candidates (tuning only)
-    _pad0: u32,
+    settle_base: u32,    // block_wide_settle: the word of the output buffer where its partials start
     _pad1: u32,
     _pad2: u32,
 }

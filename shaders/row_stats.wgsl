@@ -424,6 +424,144 @@ fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     max_chunks(row_job(wid.x, wid.y), lane);
 }
 
+// ---- block_wide_settle: small all-greedy batches decided without verify --------------------
+//
+// `block_wide` for batches the host lets settle here (all-greedy, at most 64 rows a request,
+// not a tree; `Shape::settle_in_stats`): the chunk results go to the output buffer, bound at 5
+// in place of the chunk partials, from word `params.settle_base` (three words a chunk: the
+// maximum, its lowest index, the flags), and the last workgroup of each request to finish (a
+// count per request after the partials, which the host zeroes before the pass) merges the
+// request's rows and settles it as verify's greedy path does (`merge_greedy_rows`, then
+// `settle_from_registers` and `settle_stop` for a greedy request): the same tokens, counts,
+// statuses and logprobs. The pass then needs no verify dispatch: one dispatch boundary and
+// verify's own chain of loads fewer (H200: the greedy pass 0.76-0.88x where this runs,
+// docs/performance.md). The partials and counts go through atomics so that the last
+// workgroup reads what the others wrote, after the device-scope barriers around its count.
+@group(0) @binding(5) var<storage, read_write> settle_words: array<atomic<u32>>;
+
+var<workgroup> st_key: array<atomic<u32>, 64>;
+var<workgroup> st_arg: array<atomic<u32>, 64>;
+var<workgroup> st_flags: array<atomic<u32>, 64>;
+var<workgroup> st_stop: atomic<u32>;
+var<workgroup> st_last: u32;
+
+@compute @workgroup_size(WG)
+fn block_wide_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    var job = row_job(wid.x, wid.y);
+    job.vec4_path = f32_vec4_path(job);
+    for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
+        let t = max_chunk(job, chunk, lane);
+        if (lane == 0u) {
+            let w = params.settle_base + 3u * (job.row * params.num_chunks + chunk);
+            atomicStore(&settle_words[w], bitcast<u32>(t.m));
+            atomicStore(&settle_words[w + 1u], t.a);
+            atomicStore(&settle_words[w + 2u], t.flags);
+        }
+    }
+    let r = row_info[job.row].x;
+    let info = requests[r];
+    let rows = info.num_drafts + 1u;
+    // Publish this workgroup's partials, then count it; the last of the request's
+    // stats_blocks x rows workgroups goes on.
+    storageBarrier();
+    if (lane == 0u) {
+        let counts = params.settle_base + 3u * params.total_rows * params.num_chunks;
+        let done = atomicAdd(&settle_words[counts + r], 1u) + 1u;
+        st_last = select(0u, 1u, done == params.stats_blocks * rows);
+    }
+    if (workgroupUniformLoad(&st_last) == 0u) {
+        return;
+    }
+    storageBarrier();
+    settle_request(r, info, lane);
+}
+
+// The request's rows merged (a row's maximum by an atomic max over order keys, its index by an
+// atomic min over the partials holding it, as merge_greedy_rows) and the request settled: lane
+// i holds row i (rows <= 64).
+fn settle_request(r: u32, info: ReqInfo, lane: u32) {
+    let n = params.num_chunks;
+    let k = info.num_drafts;
+    let rows = k + 1u;
+    var drafted = -1;
+    if (lane < rows) {
+        drafted = bitcast<i32>(row_info[info.row_offset + lane].z);
+        atomicStore(&st_key[lane], 0u);
+        atomicStore(&st_arg[lane], NO_INDEX);
+        atomicStore(&st_flags[lane], 0u);
+    }
+    if (lane == 0u) {
+        atomicStore(&st_stop, k);
+    }
+    workgroupBarrier();
+    let first = params.settle_base + 3u * info.row_offset * n;
+    for (var p = lane; p < rows * n; p += WG) {
+        let w = first + 3u * p;
+        atomicMax(&st_key[p / n], order_key(bitcast<f32>(atomicLoad(&settle_words[w]))));
+        atomicOr(&st_flags[p / n], atomicLoad(&settle_words[w + 2u]));
+    }
+    workgroupBarrier();
+    for (var p = lane; p < rows * n; p += WG) {
+        let w = first + 3u * p;
+        if (order_key(bitcast<f32>(atomicLoad(&settle_words[w]))) == atomicLoad(&st_key[p / n])) {
+            atomicMin(&st_arg[p / n], atomicLoad(&settle_words[w + 1u]));
+        }
+    }
+    workgroupBarrier();
+    var st: RowStats;
+    if (lane < rows) {
+        st.t_max = from_order_key(atomicLoad(&st_key[lane]));
+        st.t_arg = atomicLoad(&st_arg[lane]);
+        st.flags = atomicLoad(&st_flags[lane]);
+        if (st.t_arg == NO_INDEX) {
+            st.t_arg = 0u;
+        }
+        // A draft row stops the request where it is non-finite or its draft is not the argmax.
+        if (lane < k && (settled_nonfinite(st) || drafted < 0 || u32(drafted) != st.t_arg)) {
+            atomicMin(&st_stop, lane);
+        }
+    }
+    workgroupBarrier();
+    let stop = atomicLoad(&st_stop);
+    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    for (var j = lane; j < params.out_stride; j += WG) {
+        if (j != stop) {
+            // Accepted drafts (lane j holds row j), then -1 padding with NaN logprobs.
+            let token = select(-1, drafted, j < stop);
+            settled_put(info.out_offset + j, token, select(nan2, logprobs_of(info, st, st.t_at_d), j < stop));
+        }
+    }
+    if (lane == stop) {
+        // The stop row: its argmax; a non-finite row gives its status and NaN logprobs.
+        var status = 0u;
+        var lp = logprobs_of(info, st, st.t_max);
+        if (settled_nonfinite(st)) {
+            status = select(STATUS_ALL_MASKED, STATUS_TARGET_NONFINITE, (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u);
+            lp = nan2;
+        }
+        settled_put(info.out_offset + stop, i32(st.t_arg), lp);
+        let base = params.num_requests * params.out_stride;
+        atomicStore(&settle_words[base + r], stop + 1u);
+        atomicStore(&settle_words[base + params.num_requests + r], status);
+    }
+}
+
+// verify's row_nonfinite: NaN or +inf in the row, or no finite entry at all.
+fn settled_nonfinite(st: RowStats) -> bool {
+    return (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u || is_neg_inf(st.t_max);
+}
+
+// Output slot `slot`: its token and, where the output has them, its logprobs (verify's
+// put_logprobs layout).
+fn settled_put(slot: u32, token: i32, lp: vec2<f32>) {
+    atomicStore(&settle_words[slot], bitcast<u32>(token));
+    if ((params.flags & PARAM_LOGPROBS) != 0u) {
+        let base = params.num_requests * params.out_stride + 2u * params.num_requests;
+        atomicStore(&settle_words[base + slot], bitcast<u32>(lp.x));
+        atomicStore(&settle_words[base + params.num_requests * params.out_stride + slot], bitcast<u32>(lp.y));
+    }
+}
+
 // Whether a job of word_chunks or max_chunks takes the 16-byte loads: PARAM_VEC4 and no half
 // rows (those read through the plain half path, or one element at a time).
 fn f32_vec4_path(job: RowJob) -> bool {
@@ -435,64 +573,71 @@ var<workgroup> mx_m: array<f32, MAX_WG>;
 var<workgroup> mx_a: array<u32, MAX_WG>;
 var<workgroup> mx_f: array<u32, MAX_WG>;
 
-// MAX_ONLY rows over WG lanes: lane l reads the groups 4(l + WG·i) of each chunk, in
-// rounds of four loads, then the lanes fold as a tree. The result (max, lowest index holding it,
-// flags) is the chunk's whatever the order, so it equals word_chunks' to the bit.
+// One chunk of a MAX_ONLY row over WG lanes: lane l reads the groups 4(l + WG·i) of the chunk,
+// in rounds of four loads, then the lanes fold as a tree. The result, valid in lane 0 (max,
+// lowest index holding it, flags), is the chunk's whatever the order, so it equals
+// word_chunks' to the bit. Ends with a barrier: the next chunk reuses the workgroup arrays.
+fn max_chunk(job: RowJob, chunk: u32, lane: u32) -> Acc {
+    let steps = CHUNK / 4u / WG;
+    let gap = 4u * WG;
+    let begin = chunk * CHUNK;
+    var t = acc_new();
+    for (var h = 0u; h < steps; h += 4u) {
+        let y0 = begin + 4u * (lane + WG * h);
+        let a0 = load_target(job.t_base, y0, job.vec4_path);
+        let a1 = load_target(job.t_base, y0 + gap, job.vec4_path);
+        let a2 = load_target(job.t_base, y0 + 2u * gap, job.vec4_path);
+        let a3 = load_target(job.t_base, y0 + 3u * gap, job.vec4_path);
+        t = push4_any(t, mask4(a0, job.cut), y0, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+        t = push4_any(t, mask4(a1, job.cut), y0 + gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+        t = push4_any(t, mask4(a2, job.cut), y0 + 2u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+        t = push4_any(t, mask4(a3, job.cut), y0 + 3u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
+    }
+    mx_m[lane] = t.m;
+    mx_a[lane] = t.a;
+    mx_f[lane] = t.flags;
+    workgroupBarrier();
+    // Levels wider than a subgroup through the workgroup arrays, the rest in registers.
+    let sg = min(SG_LANES, WG);
+    for (var stride = WG / 2u; stride >= sg && stride > 0u; stride = stride / 2u) {
+        if (lane < stride) {
+            let o = lane + stride;
+            if (takes_other(mx_m[lane], mx_a[lane], mx_m[o], mx_a[o])) {
+                mx_a[lane] = mx_a[o];
+            }
+            mx_m[lane] = max(mx_m[lane], mx_m[o]);
+            mx_f[lane] = mx_f[lane] | mx_f[o];
+        }
+        workgroupBarrier();
+    }
+    var m = mx_m[lane];
+    var a = mx_a[lane];
+    var f = mx_f[lane];
+    for (var stride = sg / 2u; stride > 0u; stride = stride / 2u) {
+        let om = lanes_down_f32(m, stride);
+        let oa = lanes_down_u32(a, stride);
+        f = f | lanes_down_u32(f, stride);
+        if (takes_other(m, a, om, oa)) {
+            a = oa;
+        }
+        m = max(m, om);
+    }
+    // The next chunk reuses the workgroup arrays.
+    workgroupBarrier();
+    return Acc(m, 0.0, a, f, 0.0);
+}
+
+// The chunks of a `block_wide` workgroup, each written from lane 0 as word_chunks writes a
+// MAX_ONLY row's chunk (lane 0 alone uses the shared state it stores).
 fn max_chunks(job_in: RowJob, lane: u32) {
     var job = job_in;
     job.vec4_path = f32_vec4_path(job);
-    let steps = CHUNK / 4u / WG;
-    let gap = 4u * WG;
     for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
-        let begin = chunk * CHUNK;
-        var t = acc_new();
-        for (var h = 0u; h < steps; h += 4u) {
-            let y0 = begin + 4u * (lane + WG * h);
-            let a0 = load_target(job.t_base, y0, job.vec4_path);
-            let a1 = load_target(job.t_base, y0 + gap, job.vec4_path);
-            let a2 = load_target(job.t_base, y0 + 2u * gap, job.vec4_path);
-            let a3 = load_target(job.t_base, y0 + 3u * gap, job.vec4_path);
-            t = push4_any(t, mask4(a0, job.cut), y0, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
-            t = push4_any(t, mask4(a1, job.cut), y0 + gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
-            t = push4_any(t, mask4(a2, job.cut), y0 + 2u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
-            t = push4_any(t, mask4(a3, job.cut), y0 + 3u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
-        }
-        mx_m[lane] = t.m;
-        mx_a[lane] = t.a;
-        mx_f[lane] = t.flags;
-        workgroupBarrier();
-        // Levels wider than a subgroup through the workgroup arrays, the rest in registers.
-        let sg = min(SG_LANES, WG);
-        for (var stride = WG / 2u; stride >= sg && stride > 0u; stride = stride / 2u) {
-            if (lane < stride) {
-                let o = lane + stride;
-                if (takes_other(mx_m[lane], mx_a[lane], mx_m[o], mx_a[o])) {
-                    mx_a[lane] = mx_a[o];
-                }
-                mx_m[lane] = max(mx_m[lane], mx_m[o]);
-                mx_f[lane] = mx_f[lane] | mx_f[o];
-            }
-            workgroupBarrier();
-        }
-        var m = mx_m[lane];
-        var a = mx_a[lane];
-        var f = mx_f[lane];
-        for (var stride = sg / 2u; stride > 0u; stride = stride / 2u) {
-            let om = lanes_down_f32(m, stride);
-            let oa = lanes_down_u32(a, stride);
-            f = f | lanes_down_u32(f, stride);
-            if (takes_other(m, a, om, oa)) {
-                a = oa;
-            }
-            m = max(m, om);
-        }
+        let t = max_chunk(job, chunk, lane);
         if (lane == 0u) {
-            // The state word_chunks' tree leaves in lane 0 for a MAX_ONLY row.
-            store_lane(0u, Acc(m, 0.0, a, f, 0.0), acc_new(), acc_new());
+            store_lane(0u, t, acc_new(), acc_new());
             write_chunk(job, chunk);
         }
-        // The next chunk reuses the workgroup arrays.
-        workgroupBarrier();
     }
 }
 

@@ -71,7 +71,7 @@ pub const NO_INDEX: u32 = u32::MAX;
 /// 32 d_elem_base 36 draft_kind   40 req_begin     44 req_count
 /// 48 num_requests 52 out_stride  56 total_rows    60 num_chunks
 /// 64 block_chunks 68 stats_blocks 72 flags        76 cut_slice
-/// 80 cut_list    84 padding
+/// 80 cut_list    84 settle_base 88 padding
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -120,8 +120,12 @@ pub struct Params {
     /// Words of a cutoff scratch slot's list of top-p candidates (tuning only: the cut-offs
     /// never depend on it).
     pub cut_list: u32,
+    /// The word of the output buffer where row_stats' `block_wide_settle` keeps its chunk
+    /// partials (after the output words), followed by one completion count per request; 0 in
+    /// the other passes.
+    pub settle_base: u32,
     /// Pads the struct to a multiple of 16 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// `Params::flags`: the window's rows start on 16-byte boundaries (for their element types);

@@ -132,7 +132,7 @@ impl Kernel {
                 "scan",
                 "pick",
             ],
-            Kernel::RowStats => &["block", "block_wide"],
+            Kernel::RowStats => &["block", "block_wide", "block_wide_settle"],
             Kernel::Verify => &[
                 "main",
                 "block_settle",

@@ -44,6 +44,12 @@ pub struct VerifierOptions {
     /// one CPU thread, took 1.6-2.5x as long, and integrated GPUs are not measured. Tuning
     /// only: the tokens never depend on it.
     pub wide_greedy_chunks: Option<u32>,
+    /// All-greedy batches that take the wide reduction (`wide_greedy_chunks`), with at most 64
+    /// rows a request, are decided inside that pass: the last row_stats workgroup of each
+    /// request merges its rows and writes its tokens, so the verify kernel is not dispatched
+    /// (default true; one dispatch of two fewer: greedy GPU time 0.76-0.88x where it ran on an
+    /// H200, `docs/performance.md`). Tuning only: the outputs are the same bits.
+    pub fused_greedy: bool,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.
     pub workgroup_size: Option<u32>,
@@ -113,6 +119,7 @@ impl Default for VerifierOptions {
             target_workgroups: 8192,
             early_race_entries: None,
             wide_greedy_chunks: None,
+            fused_greedy: true,
             workgroup_size: None,
             shader_int64: true,
             subgroups: true,
@@ -570,6 +577,18 @@ impl Verifier {
                 g.kept_caller_buffers(),
             ),
             Backend::Cpu(_) => (0, 0),
+        }
+    }
+
+    /// Test hook: calls whose all-greedy batch was settled inside row_stats
+    /// (`VerifierOptions::fused_greedy`; 0 on the CPU backend).
+    #[doc(hidden)]
+    pub fn fused_greedy_calls(&self) -> u64 {
+        match &self.backend {
+            Backend::Gpu(g) => g
+                .settled_in_stats
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Cpu(_) => 0,
         }
     }
 

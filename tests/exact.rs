@@ -614,6 +614,78 @@ fn params_as_immediates_and_as_uniform_slots_match_the_twin() {
 }
 
 #[test]
+fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
+    // `VerifierOptions::fused_greedy`: all-greedy batches on the wide reduction are decided by
+    // row_stats' last workgroup per request instead of verify. The batches hold every greedy
+    // outcome: drafts that are the argmax and others, -1 drafts, 0-draft requests, rows with a
+    // NaN, a +inf or nothing but -inf (statuses), logprobs asked by some requests, and
+    // several windows (a request's workgroups in two dispatches). Both settings must give the
+    // twin's outputs, and the fused one must have taken the path (a batch with a request of
+    // 64 rows or more falls back to verify).
+    let Some(_) = gpu() else { return };
+    const V: u32 = 9000;
+    let v = V as usize;
+    let mut gen = Gen::new(15);
+    let mut batches = Vec::new();
+    for p_argmax in [0.95, 0.5] {
+        let mut b = Owned::random(&mut gen, V, &[3, 0, 5, 1, 8, 2], &[0.0], 0, p_argmax);
+        b.drafts[4] = -1;
+        b.requests[1].params = b.requests[1].params.with_logprobs(false);
+        b.requests[4].params = b.requests[4].params.with_logprobs(false);
+        batches.push(b);
+    }
+    // Special rows: request 0's second row has a NaN, request 2's first row a +inf, request
+    // 4's fourth row nothing but -inf (rows: 0-3 request 0, 4 request 1, 5-10 request 2, 11-12
+    // request 3, 13-21 request 4, 22-24 request 5).
+    let mut special = Owned::random(&mut gen, V, &[3, 0, 5, 1, 8, 2], &[0.0], 0, 1.0);
+    special.target[v + 17] = f32::NAN;
+    special.target[5 * v + 4000] = f32::INFINITY;
+    let row = 13 + 3;
+    special.target[row * v..(row + 1) * v].fill(f32::NEG_INFINITY);
+    special.requests[4].params = special.requests[4].params.with_logprobs(false);
+    batches.push(special);
+    let long = Owned::random(&mut gen, V, &[2, 70], &[0.0], 0, 0.9);
+    for fused in [true, false] {
+        for windows in [false, true] {
+            let v = Verifier::new(specdec::VerifierOptions {
+                fused_greedy: fused,
+                wide_greedy_chunks: Some(1 << 20),
+                max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
+                ..specdec::VerifierOptions::default()
+            })
+            .unwrap();
+            for (i, b) in batches.iter().enumerate() {
+                let want = cpu().verify_blocking(&b.batch()).unwrap();
+                let before = v.fused_greedy_calls();
+                let got = v.verify_blocking(&b.batch()).unwrap();
+                assert_eq!(
+                    v.fused_greedy_calls() - before,
+                    u64::from(fused),
+                    "fused {fused}, windows {windows}, batch {i}"
+                );
+                let diff = twin_differences(&got, &want);
+                assert!(
+                    diff.is_empty(),
+                    "fused {fused}, windows {windows}, batch {i}: {diff:?}"
+                );
+            }
+            let before = v.fused_greedy_calls();
+            let got = v.verify_blocking(&long.batch()).unwrap();
+            assert_eq!(
+                v.fused_greedy_calls(),
+                before,
+                "a 71-row request goes to verify"
+            );
+            let diff = twin_differences(&got, &cpu().verify_blocking(&long.batch()).unwrap());
+            assert!(
+                diff.is_empty(),
+                "fused {fused}, windows {windows}, long: {diff:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn requests_with_more_rows_than_lanes_match_the_twin() {
     // verify's lanes take a request's rows 64 at a time, each folding its row's chunk partials
     // in order. At V = 70,000 (18 chunks) a request with 70 drafts has 71 rows, so lane 6 takes

@@ -165,7 +165,8 @@ fn params_structs_match_wgsl_layout() {
             stats_blocks,
             flags,
             cut_slice,
-            cut_list
+            cut_list,
+            settle_base
         ]
     );
     check_layout!(

@@ -134,6 +134,8 @@ pub(crate) struct GpuBackend {
     early_race_entries: u64,
     /// `VerifierOptions::wide_greedy_chunks`, its default resolved for this adapter.
     wide_greedy_chunks: u32,
+    /// `VerifierOptions::fused_greedy`.
+    fused_greedy: bool,
     max_binding: u64,
     timeout: Duration,
     /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
@@ -152,6 +154,9 @@ pub(crate) struct GpuBackend {
     buffer_epoch: std::sync::atomic::AtomicU64,
     /// Bind groups made by `bind_group` (kept or not), for the tests of their reuse.
     pub groups_made: std::sync::atomic::AtomicU64,
+    /// Calls recorded with the batch settled in row_stats (`Shape::settle_in_stats`), for the
+    /// tests that must exercise that path.
+    pub settled_in_stats: std::sync::atomic::AtomicU64,
 }
 
 impl GpuBackend {
@@ -241,6 +246,7 @@ impl GpuBackend {
             target_workgroups: opts.target_workgroups,
             early_race_entries,
             wide_greedy_chunks,
+            fused_greedy: opts.fused_greedy,
             max_binding,
             timeout: opts.timeout,
             spin_wait,
@@ -254,6 +260,7 @@ impl GpuBackend {
             uncaptured,
             buffer_epoch: std::sync::atomic::AtomicU64::new(0),
             groups_made: std::sync::atomic::AtomicU64::new(0),
+            settled_in_stats: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -297,8 +304,15 @@ impl GpuBackend {
             if let Some(ids) = device_ids {
                 Self::record_device_ids(encoder, ws, plan, ids);
             }
+            if shape.settle_in_stats {
+                self.settled_in_stats.fetch_add(1, Ordering::Relaxed);
+                // block_wide_settle's counts start at 0 (the last workgroup of a request is
+                // the one that brings its count to the request's total).
+                let counts = (shape.out_words + shape.settle_words(plan) - shape.n) as u64 * 4;
+                encoder.clear_buffer(ws.out.get(), counts, Some(shape.n as u64 * 4));
+            }
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
-            let stats = self.row_stats_groups(ws, &rows);
+            let stats = self.row_stats_groups(ws, &shape, &rows);
             let masses = self.block_mass_groups(ws, &shape, &rows);
             let residual = self.residual_groups(ws, &shape, &rows);
             let verify = self.verify_group(ws, &shape);
@@ -312,7 +326,11 @@ impl GpuBackend {
                     self.record_residual_blocks(pass, &shape, &residual, true);
                 },
                 &|pass| {
-                    self.record_verify(pass, &shape, &verify);
+                    // (Nothing where row_stats settled the batch; the phase stays, empty, so
+                    // that per-kernel timings keep their columns.)
+                    if !shape.settle_in_stats {
+                        self.record_verify(pass, &shape, &verify);
+                    }
                     if shape.block_masses {
                         // Block requests with a draft distribution: their masses R_j, then the
                         // joint decision (timed with verify when profiling per kernel).

@@ -203,13 +203,13 @@ pub(super) fn build_pipelines(
     (layouts, pipelines)
 }
 
-/// Whether `entry` is built in `special`: row_stats' `block_wide` is the `SPECIAL_WIDE`
-/// pipelines' entry, `block` everyone else's (a wide `block` or a narrow `block_wide` would
+/// Whether `entry` is built in `special`: row_stats' `block_wide` and `block_wide_settle` are
+/// the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow `block_wide` would
 /// never be dispatched); cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
 /// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
     match kernel {
-        Kernel::RowStats => (entry == "block_wide") == (special & SPECIAL_WIDE != 0),
+        Kernel::RowStats => entry.starts_with("block_wide") == (special & SPECIAL_WIDE != 0),
         Kernel::Cutoff => special & SPECIAL_PLAIN_F32 == 0 || entry.starts_with("scan"),
         _ => true,
     }

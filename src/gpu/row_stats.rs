@@ -112,12 +112,19 @@ impl GpuBackend {
         (total.div_ceil(u64::from(self.target_workgroups)) as u32).clamp(1, chunks)
     }
 
-    /// One row_stats bind group per window.
+    /// One row_stats bind group per window. Where the batch settles in row_stats
+    /// (`Shape::settle_in_stats`), binding 5 is the output buffer, not the chunk partials.
     pub(super) fn row_stats_groups(
         &self,
         ws: &Workspace,
+        shape: &Shape,
         rows: &[WindowRows<'_>],
     ) -> Vec<wgpu::BindGroup> {
+        let results = if shape.settle_in_stats {
+            ws.out.get()
+        } else {
+            ws.block_stats.get()
+        };
         rows.iter()
             .map(|r| {
                 self.bind_group(
@@ -130,7 +137,7 @@ impl GpuBackend {
                         r.draft(&self.dummy),
                         ws.meta_entry(3, ws.meta_at.requests),
                         ws.meta_entry(4, ws.meta_at.row_info),
-                        entry(5, ws.block_stats.get()),
+                        entry(5, results),
                         r.target_vec4(&self.dummy),
                         r.draft_vec4(&self.dummy),
                         entry(8, ws.cutoffs.get()),
@@ -147,10 +154,10 @@ impl GpuBackend {
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        let entry = if shape.special & SPECIAL_WIDE != 0 {
-            "block_wide"
-        } else {
-            "block"
+        let entry = match (shape.special & SPECIAL_WIDE != 0, shape.settle_in_stats) {
+            (true, true) => "block_wide_settle",
+            (true, false) => "block_wide",
+            _ => "block",
         };
         pass.set_pipeline(self.special_pipeline(Kernel::RowStats, entry, shape.special));
         for (i, w) in shape.windows.iter().enumerate() {

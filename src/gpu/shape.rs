@@ -4,7 +4,7 @@
 //! the workspace is sized from it and every `record_*` dispatches by it.
 
 use super::cutoff::CutShape;
-use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16};
+use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_WIDE};
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
 use crate::batch::Plan;
@@ -61,6 +61,11 @@ pub(super) struct Shape {
     pub verify_wide: bool,
     /// A tree batch (`PARAM_TREE`): the residual pass reads the walk's race headers.
     pub tree: bool,
+    /// row_stats' `block_wide_settle` decides the batch (`VerifierOptions::fused_greedy`): an
+    /// all-greedy chain batch on the wide reduction, at most 64 rows a request, none of them
+    /// synthetic or deliberately faulty. No verify dispatch; the output buffer holds the chunk
+    /// results from word `out_words` and a count per request after them.
+    pub settle_in_stats: bool,
     /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
     /// sampled request beside row_stats, one candidate row per (request, local row).
     pub early: bool,
@@ -132,6 +137,12 @@ impl Shape {
                 && plan.out_stride as u64 * u64::from(num_chunks) > WIDE_VERIFY_PARTIALS,
             windows,
             tree,
+            settle_in_stats: g.fused_greedy
+                && !tree
+                && special & SPECIAL_WIDE != 0
+                && plan.reqs.iter().all(|r| {
+                    r.num_drafts < 64 && r.flags & (REQ_SYNTHETIC | REQ_FAULT_REJECT_ALL) == 0
+                }),
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
@@ -162,6 +173,16 @@ impl Shape {
         self.plain_loads() | log_keys | early
     }
 
+    /// Words of the output buffer past the output that `block_wide_settle` uses: three per
+    /// chunk of every row, then a count per request (0 when the batch does not settle there).
+    pub fn settle_words(&self, plan: &Plan) -> usize {
+        if self.settle_in_stats {
+            3 * plan.total_rows * self.num_chunks as usize + self.n
+        } else {
+            0
+        }
+    }
+
     /// The Params every window's slot starts from (and the only slot of an empty batch).
     pub fn base_params(&self, plan: &Plan) -> Params {
         Params {
@@ -179,6 +200,11 @@ impl Shape {
             cut_slice: self.cut.slice,
             cut_list: self.cut.list,
             flags: if self.tree { PARAM_TREE } else { 0 },
+            settle_base: if self.settle_in_stats {
+                self.out_words as u32
+            } else {
+                0
+            },
             ..Params::default()
         }
     }

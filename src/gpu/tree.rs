@@ -129,7 +129,7 @@ impl GpuBackend {
         self.bind_callers(ws, &super::callers(src.target, src.draft));
         scoped(&self.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
-            let stats = self.row_stats_groups(ws, &rows);
+            let stats = self.row_stats_groups(ws, &shape, &rows);
             let table = ws.tree_table.get().as_entire_buffer_binding();
             let values = self.mass_groups_over(ws, &rows, table.clone());
             let tables = [

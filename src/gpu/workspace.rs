@@ -387,7 +387,10 @@ impl GpuBackend {
             ws.cut_state
                 .ensure(dev, shape.cut.state_bytes(plan.total_rows));
         }
-        ws.out.ensure(dev, (shape.out_words * 4) as u64);
+        ws.out.ensure(
+            dev,
+            ((shape.out_words + shape.settle_words(plan)) * 4) as u64,
+        );
         ws.readback.ensure(dev, (shape.out_words * 4) as u64);
     }
 }

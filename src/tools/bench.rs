@@ -139,6 +139,8 @@ pub struct BenchConfig {
     pub early_race_entries: Option<u64>,
     /// `VerifierOptions::wide_greedy_chunks` of the verifier under test (`None`: its default).
     pub wide_greedy_chunks: Option<u32>,
+    /// `VerifierOptions::fused_greedy` of the verifier under test.
+    pub fused_greedy: bool,
     /// `VerifierOptions::spin_wait` of the verifier under test (`None`: its default); the
     /// round-trip floor waits the same way.
     pub spin_wait: Option<std::time::Duration>,
@@ -184,6 +186,7 @@ impl BenchConfig {
             target_workgroups: self.target_workgroups,
             early_race_entries: self.early_race_entries,
             wide_greedy_chunks: self.wide_greedy_chunks,
+            fused_greedy: self.fused_greedy,
             spin_wait: self.spin_wait,
             shader_checks: self.shader_checks,
             workgroup_size: self.workgroup_size,
@@ -209,6 +212,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
+            fused_greedy: true,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
@@ -240,6 +244,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
+            fused_greedy: true,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
@@ -1946,6 +1951,8 @@ Options:
   --wide-greedy N     all-greedy batches of at most N chunks reduce over whole workgroups
                       (VerifierOptions::wide_greedy_chunks; 0 = off; default: 1,024 on discrete
                       GPUs, else off)
+  --no-fused-greedy   small all-greedy batches run verify's dispatch instead of settling in
+                      row_stats (VerifierOptions::fused_greedy)
   --spin-us N         a blocking read polls the device for up to N µs before it sleeps
                       (VerifierOptions::spin_wait; 0 = sleep at once; default: 1,000 on discrete
                       GPUs, else 0); the round-trip floor waits the same way
@@ -2036,6 +2043,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--portable" => cfg.shader_int64 = false,
             "--no-subgroups" => cfg.subgroups = false,
             "--immediates" => cfg.immediates = true,
+            "--no-fused-greedy" => cfg.fused_greedy = false,
             "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
             "--workgroup-size" => {
                 cfg.workgroup_size = Some(parse_one("--workgroup-size", &value()?)?)
