@@ -15,6 +15,8 @@
 #
 # Knobs (environment): SBS_BATCHES (1,8,32,128), SBS_KS (1,4,8), SBS_VOCABS (32000,128256,151936),
 # SBS_VOCABS2 (round-2 vocabularies; default SBS_VOCABS), SBS_REPS (50), SBS_ROUNDS (2),
+# SBS_MODES (specdec's modes; default all four) and SBS_VLLM_MODES (bench_anchor.py's; default
+# all: for greedy alone, SBS_MODES=greedy SBS_VLLM_MODES=greedy),
 # SBS_BUDGET_S (430: round 2 shrinks to its last vocabulary, or is skipped, to end within this).
 set -u -o pipefail
 
@@ -25,6 +27,7 @@ K=${SBS_KS:-1,4,8}
 VOC=${SBS_VOCABS:-32000,128256,151936}
 VOC2=${SBS_VOCABS2:-$VOC}
 REPS=${SBS_REPS:-50}
+MODES=${SBS_MODES:-greedy,draft_probs,draft_logits,one_hot}
 ROUNDS=${SBS_ROUNDS:-2}
 BUDGET=${SBS_BUDGET_S:-430}
 W=$(mktemp -d)
@@ -40,7 +43,8 @@ vllm_round() { # round vocabs budget extra-args...
   clocks "before vLLM round $r"
   local t=$SECONDS
   PYTHONUNBUFFERED=1 python3 .anchor/bench_anchor.py --batches "$B" --ks "$K" --vocabs "$v" \
-    --iters "$REPS" --budget-s "$budget" --out "$W/vllm_r$r.csv" --meta "$W/vllm_r${r}_meta.json" "$@" \
+    --iters "$REPS" --budget-s "$budget" --out "$W/vllm_r$r.csv" --meta "$W/vllm_r${r}_meta.json" \
+    ${SBS_VLLM_MODES:+--modes "$SBS_VLLM_MODES"} "$@" \
     | tee "$W/vllm_r$r.stdout"
   echo "[vLLM round $r: exit $?, $((SECONDS - t)) s]"
 }
@@ -50,7 +54,7 @@ specdec_round() { # round vocabs timeout
   clocks "before specdec round $r"
   local t=$SECONDS
   timeout "$limit" .dev/specdec bench --batch "$B" --k "$K" --vocab "$v" \
-    --modes greedy,draft_probs,draft_logits,one_hot --reps "$REPS" --no-baseline \
+    --modes "$MODES" --reps "$REPS" --no-baseline \
     --out "$W/specdec_r$r" 2>&1 | tee "$W/specdec_r$r.stdout"
   echo "[specdec round $r: exit $?, $((SECONDS - t)) s]"
   local csv
