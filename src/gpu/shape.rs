@@ -95,12 +95,30 @@ impl Shape {
         let block_len = g.residual_block_len(plan.vocab, races);
         let num_chunks = plan.vocab.div_ceil(CHUNK as u32);
         let filters = plan.filters();
+        // A batch that can settle in row_stats (`fused_greedy`: greedy chain requests of at
+        // most 64 rows, none synthetic or deliberately faulty) takes the wide reduction at any
+        // size while `wide_greedy_chunks` is not 0: without verify's dispatch it paid at every
+        // size an H200 measured but one (greedy GPU time 0.92-0.99x from 1,280 to 43,776
+        // chunks, 1.07-1.09x at 2,736; `docs/performance.md`), where the wide reduction alone
+        // is 1.00-1.25x slower past 1,024 chunks.
+        let settles = g.fused_greedy
+            && !tree
+            && plan.reqs.iter().all(|r| {
+                r.flags & REQ_GREEDY != 0
+                    && r.num_drafts < 64
+                    && r.flags & (REQ_SYNTHETIC | REQ_FAULT_REJECT_ALL) == 0
+            });
+        let wide_max = match g.wide_max_chunks() {
+            0 => 0,
+            _ if settles => usize::MAX,
+            w => w,
+        };
         let special = row_stats::special(
             plan,
             filters,
             (target, draft),
             g.half_min_chunks(),
-            g.wide_max_chunks(),
+            wide_max,
         );
         let mut block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
         // The plain half paths reduce chunks in pairs (row_stats.wgsl, half_chunks): an even
@@ -137,12 +155,7 @@ impl Shape {
                 && plan.out_stride as u64 * u64::from(num_chunks) > WIDE_VERIFY_PARTIALS,
             windows,
             tree,
-            settle_in_stats: g.fused_greedy
-                && !tree
-                && special & SPECIAL_WIDE != 0
-                && plan.reqs.iter().all(|r| {
-                    r.num_drafts < 64 && r.flags & (REQ_SYNTHETIC | REQ_FAULT_REJECT_ALL) == 0
-                }),
+            settle_in_stats: settles && special & SPECIAL_WIDE != 0,
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
