@@ -103,6 +103,7 @@ impl Shape {
         // is 1.00-1.25x slower past 1,024 chunks.
         let settles = g.fused_greedy
             && !tree
+            && n > 0
             && plan.reqs.iter().all(|r| {
                 r.flags & REQ_GREEDY != 0
                     && r.num_drafts < 64
