@@ -427,16 +427,17 @@ fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 // ---- block_wide_settle: all-greedy batches decided without verify -------------------------
 //
 // `block_wide` for batches the host lets settle here (all-greedy, at most 64 rows a request,
-// not a tree, any size; `Shape::settle_in_stats`): the chunk results go to the output buffer, bound at 5
-// in place of the chunk partials, from word `params.settle_base` (three words a chunk: the
-// maximum, its lowest index, the flags), and the last workgroup of each request to finish (a
-// count per request after the partials, which the host zeroes before the pass) merges the
-// request's rows and settles it as verify's greedy path does (`merge_greedy_rows`, then
-// `settle_from_registers` and `settle_stop` for a greedy request): the same tokens, counts,
-// statuses and logprobs. The pass then needs no verify dispatch: one dispatch boundary and
-// verify's own chain of loads fewer (H200: greedy GPU time 0.76-0.83x up to 1,024 chunks,
-// 0.92-0.99x above but at one point, docs/performance.md). The partials and counts go through atomics so that the last
-// workgroup reads what the others wrote, after the device-scope barriers around its count.
+// not a tree, any size; `Shape::settle_in_stats`). The chunk results go to the output buffer,
+// bound at 5 in place of the chunk partials, from word `params.settle_base` (three words a
+// chunk: the maximum, its lowest index, the flags). The last workgroup of each request to
+// finish (a count per request after the partials, which the host zeroes before the pass)
+// merges the request's rows and settles it as verify's greedy path does (`merge_greedy_rows`,
+// then `settle_from_registers` and `settle_stop` for a greedy request): the same tokens,
+// counts, statuses and logprobs. The pass then needs no verify dispatch: one dispatch boundary
+// and verify's own chain of loads fewer (H200: greedy GPU time 0.76-0.83x up to 1,024 chunks,
+// 0.92-0.99x above but at one point, docs/performance.md). The partials and counts go through
+// atomics so that the last workgroup reads what the others wrote, after the device-scope
+// barriers around its count.
 @group(0) @binding(5) var<storage, read_write> settle_words: array<atomic<u32>>;
 
 var<workgroup> st_key: array<atomic<u32>, 64>;
