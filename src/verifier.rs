@@ -45,14 +45,14 @@ pub struct VerifierOptions {
     /// that settle in the statistics pass (`fused_greedy`) take the wide reduction at any size
     /// while this is not 0. Tuning only: the tokens never depend on it.
     pub wide_greedy_chunks: Option<u32>,
-    /// All-greedy batches with at most 64 rows a request (f32 rows, or halves below the half
-    /// path's size) are decided inside the statistics pass while `wide_greedy_chunks` is not 0,
-    /// whatever their size: they take the wide reduction, and the last row_stats workgroup of
-    /// each request merges its rows and writes its tokens, so the verify kernel is not
-    /// dispatched (default true). On an H200 greedy GPU time took 0.76-0.88x up to 1,024
-    /// chunks and 0.92-0.99x from 1,280 to 43,776 (R = 128, k = 8, V = 151,936), 1.07-1.09x
-    /// at 2,736 (R = 8, k = 8 there) (`docs/performance.md`). Tuning only: the outputs are the
-    /// same bits.
+    /// All-greedy chain batches (not trees) with at most 64 rows a request (f32 rows, or halves
+    /// below the half path's size) are decided inside the statistics pass while
+    /// `wide_greedy_chunks` is not 0, whatever their size: they take the wide reduction, and the
+    /// last row_stats workgroup of each request merges its rows and writes its tokens, so the
+    /// verify kernel is not dispatched (default true). On an H200 greedy GPU time took
+    /// 0.76-0.83x up to 1,024 chunks and 0.92-0.99x from 1,280 to 43,776 (R = 128, k = 8,
+    /// V = 151,936), 1.07-1.09x at 2,736 (R = 8, k = 8 there) (`docs/performance.md`). Tuning
+    /// only: the outputs are the same bits.
     pub fused_greedy: bool,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.

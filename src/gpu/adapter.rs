@@ -89,11 +89,6 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
     Ok(l)
 }
 
-/// The `WG` override to build with: `requested`, at most 256 and the device's workgroup limits
-/// (`max_compute_invocations_per_workgroup`, `max_compute_workgroup_size_x`), rounded to a power
-/// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
-/// compute at all.
-///
 /// The optional features a verifier's device is asked for: `SHADER_INT64`, `SUBGROUP` and
 /// `IMMEDIATES` where the options want them (`VerifierOptions::shader_int64` / `subgroups` /
 /// `immediates`) and the adapter has them. Shared by `Verifier::new` and the benchmark's device,
@@ -115,6 +110,11 @@ pub(crate) fn optional_features(
     adapter.features() & wanted
 }
 
+/// The `WG` override to build with: `requested`, at most 256 and the device's workgroup limits
+/// (`max_compute_invocations_per_workgroup`, `max_compute_workgroup_size_x`), rounded to a power
+/// of two (up, then halved if that passes the limit). 0 only on a device whose limits allow no
+/// compute at all.
+///
 /// `pub(crate)` so that `speculative::gather_rows` picks its workgroup size the same way as the
 /// verifier's kernels instead of a copy of this clamp.
 pub(crate) fn workgroup_size(limits: &wgpu::Limits, requested: u32) -> u32 {
