@@ -123,7 +123,8 @@ pub(super) fn params_entry(ws: &Workspace) -> wgpu::BindGroupEntry<'_> {
 /// The Params of a call's slots (one per window, then one per cutoff group), as
 /// `GpuBackend::write_metadata` wrote them, and how a dispatch gets its slot.
 pub(super) struct ParamSlots {
-    /// Each slot's Params.
+    /// Each slot's Params where `immediates` (empty otherwise: the dispatches bind the slots
+    /// by offset).
     pub params: Vec<Params>,
     /// Bytes between two slots of the uniform buffer.
     pub slot_size: u64,

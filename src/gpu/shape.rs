@@ -23,8 +23,8 @@ pub(super) struct Shape {
     pub n: usize,
     /// The row windows, each bound and dispatched on its own.
     pub windows: Vec<Window>,
-    /// The Params slots (the windows' slots, then the cutoff groups'): their size, and their
-    /// values once `write_metadata` has written them.
+    /// The Params slots (the windows' slots, then the cutoff groups'): their size, and (for
+    /// immediate data) their values once `write_metadata` has written them.
     pub slots: super::bindings::ParamSlots,
     /// Storage offset alignment of the device.
     pub align: u64,

@@ -101,8 +101,8 @@ impl GpuBackend {
     }
 
     /// Writes the Params slots (one per window, then one per cutoff group) and the plan's
-    /// tables into `ws`, keeps the slots' Params in `shape.slots` (the immediate data of the
-    /// dispatches); returns the rows each window binds.
+    /// tables into `ws`, keeps the slots' Params in `shape.slots` where the variant hands them
+    /// to the dispatches as immediate data; returns the rows each window binds.
     pub(super) fn write_metadata<'a>(
         &self,
         ws: &Workspace,
@@ -129,7 +129,11 @@ impl GpuBackend {
         if windows.is_empty() {
             slots[..PARAMS_BYTES].copy_from_slice(bytemuck::bytes_of(&base));
         }
-        shape.slots.params = if windows.is_empty() {
+        // Only immediate data needs the values again at each dispatch; the uniform slots bind
+        // by offset.
+        shape.slots.params = if !shape.slots.immediates {
+            Vec::new()
+        } else if windows.is_empty() {
             vec![base]
         } else {
             window_params.into_iter().chain(group_params).collect()
