@@ -212,11 +212,11 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
-            fused_greedy: true,
+            fused_greedy: VerifierOptions::default().fused_greedy,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
-            immediates: false,
+            immediates: VerifierOptions::default().immediates,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -244,11 +244,11 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
-            fused_greedy: true,
+            fused_greedy: VerifierOptions::default().fused_greedy,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
-            immediates: false,
+            immediates: VerifierOptions::default().immediates,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -1950,8 +1950,8 @@ Options:
                       1,250,000 on discrete GPUs, else off)
   --wide-greedy N     all-greedy batches of at most N chunks reduce over whole workgroups
                       (VerifierOptions::wide_greedy_chunks; 0 = off; default: 1,024 on discrete
-                      GPUs, else off)
-  --no-fused-greedy   small all-greedy batches run verify's dispatch instead of settling in
+                      GPUs, else off); batches that settle in row_stats do at any size unless 0
+  --no-fused-greedy   all-greedy batches run verify's dispatch instead of settling in
                       row_stats (VerifierOptions::fused_greedy)
   --spin-us N         a blocking read polls the device for up to N µs before it sleeps
                       (VerifierOptions::spin_wait; 0 = sleep at once; default: 1,000 on discrete
