@@ -240,6 +240,15 @@ fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
     return lp;
 }
 
+// Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
+// Used by row_stats' chunk folds and by the chunk merge in verify.
+fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
+    if (is_neg_inf(m)) {
+        return 0.0;
+    }
+    return s * exp((m - m_new) * inv_t);
+}
+
 // The entropy numerator of one side of a merge, moved to max m_new: with d = (m - m_new) / T,
 // Σ exp(z + d)(z + d) = exp(d) (e + d s). A -inf side contributes nothing (used by row_stats
 // and by the chunk merge in verify).

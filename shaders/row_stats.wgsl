@@ -23,7 +23,8 @@
 // Bindings 0-2 (params, target_logits, draft_values) and t_elem / d_elem: shaders/rows.wgsl.
 @group(0) @binding(3) var<storage, read> requests: array<ReqInfo>;
 @group(0) @binding(4) var<storage, read> row_info: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> chunk_stats: array<RowStats>;
+// Binding 5, the chunk partials, and `store_partial`: partials_plain.wgsl (partials_atomic.wgsl in
+// row_stats_verify).
 // The same ranges as bindings 1 and 2, seen as vec4 (used only when PARAM_VEC4 is set).
 @group(0) @binding(6) var<storage, read> target_vec4: array<vec4<u32>>;
 @group(0) @binding(7) var<storage, read> draft_vec4: array<vec4<u32>>;
@@ -64,14 +65,6 @@ var<workgroup> sh_e: array<f32, CHUNK_LANES>;
 
 fn acc_new() -> Acc {
     return Acc(bitcast<f32>(NEG_INF_BITS), 0.0, NO_INDEX, 0u, 0.0);
-}
-
-// Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
-fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {
-    if (is_neg_inf(m)) {
-        return 0.0;
-    }
-    return s * exp((m - m_new) * inv_t);
 }
 
 // exp(z) z for z = (x - m) / T, 0 for x = -inf.
@@ -400,7 +393,7 @@ fn write_chunk(job: RowJob, chunk: u32) {
             }
         }
     }
-    chunk_stats[job.row * params.num_chunks + chunk] = out;
+    store_partial(job.row * params.num_chunks + chunk, out);
 }
 
 @compute @workgroup_size(64)

@@ -22,6 +22,14 @@ pub const PARAMS_UNIFORM: &str = include_str!("../shaders/params_uniform.wgsl");
 /// The Params of the verification kernels as immediate data (needs `wgpu::Features::IMMEDIATES`).
 pub const PARAMS_IMMEDIATE: &str = include_str!("../shaders/params_immediate.wgsl");
 
+/// The merge, decisions and settling of one request, shared by [`Kernel::Verify`] and
+/// [`Kernel::RowStatsVerify`] (`shaders/verify_request.wgsl`).
+pub const VERIFY_REQUEST: &str = include_str!("../shaders/verify_request.wgsl");
+/// row_stats' chunk partials as plain structs ([`Kernel::RowStats`]).
+pub const PARTIALS_PLAIN: &str = include_str!("../shaders/partials_plain.wgsl");
+/// row_stats' chunk partials as atomic words ([`Kernel::RowStatsVerify`]).
+pub const PARTIALS_ATOMIC: &str = include_str!("../shaders/partials_atomic.wgsl");
+
 /// A pipeline variant: which optional device features the kernels use. Every variant computes
 /// the same bits; the portable one (`Variant::default()`) runs everywhere.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -69,6 +77,9 @@ pub enum Kernel {
     Cutoff,
     /// Per-row statistics over vocab blocks (`shaders/row_stats.wgsl`).
     RowStats,
+    /// row_stats whose last workgroup per request also verifies it, in place of verify's
+    /// dispatch (`shaders/row_stats_verify.wgsl`, with row_stats' and verify's shared code).
+    RowStatsVerify,
     /// The per-request verify loop (`shaders/verify.wgsl`).
     Verify,
     /// Block verification's residual masses with a draft distribution
@@ -84,9 +95,10 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Cutoff,
         Kernel::RowStats,
+        Kernel::RowStatsVerify,
         Kernel::Verify,
         Kernel::BlockMass,
         Kernel::ResidualArgmax,
@@ -99,6 +111,7 @@ impl Kernel {
         match self {
             Kernel::Cutoff => "cutoff",
             Kernel::RowStats => "row_stats",
+            Kernel::RowStatsVerify => "row_stats_verify",
             Kernel::Verify => "verify",
             Kernel::BlockMass => "block_mass",
             Kernel::ResidualArgmax => "residual_argmax",
@@ -112,11 +125,27 @@ impl Kernel {
         match self {
             Kernel::Cutoff => include_str!("../shaders/cutoff.wgsl"),
             Kernel::RowStats => include_str!("../shaders/row_stats.wgsl"),
+            Kernel::RowStatsVerify => include_str!("../shaders/row_stats_verify.wgsl"),
             Kernel::Verify => include_str!("../shaders/verify.wgsl"),
             Kernel::BlockMass => include_str!("../shaders/block_mass.wgsl"),
             Kernel::ResidualArgmax => include_str!("../shaders/residual_argmax.wgsl"),
             Kernel::RngCheck => include_str!("../shaders/rng_check.wgsl"),
             Kernel::ReadBandwidth => include_str!("../shaders/read_bandwidth.wgsl"),
+        }
+    }
+
+    /// The files appended after the kernel's own body (its share of code that two kernels use).
+    /// `SPECDEC_SHADER_DIR` replaces only the body.
+    pub fn companions(self) -> &'static [&'static str] {
+        match self {
+            Kernel::RowStats => &[PARTIALS_PLAIN],
+            Kernel::RowStatsVerify => &[
+                include_str!("../shaders/row_stats.wgsl"),
+                PARTIALS_ATOMIC,
+                VERIFY_REQUEST,
+            ],
+            Kernel::Verify => &[VERIFY_REQUEST],
+            _ => &[],
         }
     }
 
@@ -133,6 +162,7 @@ impl Kernel {
                 "pick",
             ],
             Kernel::RowStats => &["block", "block_wide", "block_wide_settle"],
+            Kernel::RowStatsVerify => &["block_verify"],
             Kernel::Verify => &[
                 "main",
                 "block_settle",
@@ -151,7 +181,11 @@ impl Kernel {
     pub fn reads_rows(self) -> bool {
         matches!(
             self,
-            Kernel::Cutoff | Kernel::RowStats | Kernel::BlockMass | Kernel::ResidualArgmax
+            Kernel::Cutoff
+                | Kernel::RowStats
+                | Kernel::RowStatsVerify
+                | Kernel::BlockMass
+                | Kernel::ResidualArgmax
         )
     }
 
@@ -163,7 +197,8 @@ impl Kernel {
 
     /// The full source handed to the device for `variant`: common declarations, the `mul_wide`
     /// and lane exchange of the variant, the Params declaration of the variant for the kernels
-    /// that take them, [`ROWS`] for the kernels that read rows, then the kernel.
+    /// that take them, [`ROWS`] for the kernels that read rows, then the kernel and its
+    /// [`Kernel::companions`].
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
     /// replaces the built-in kernel body (to time shader experiments on a device without
@@ -192,7 +227,8 @@ impl Kernel {
             (true, false) => PARAMS_UNIFORM,
             (true, true) => PARAMS_IMMEDIATE,
         };
-        format!("{COMMON}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}")
+        let companions = self.companions().join("\n");
+        format!("{COMMON}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}\n{companions}")
     }
 }
 

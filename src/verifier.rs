@@ -54,6 +54,13 @@ pub struct VerifierOptions {
     /// V = 151,936), 1.07-1.09x at 2,736 (R = 8, k = 8 there) (`docs/performance.md`). Tuning
     /// only: the outputs are the same bits.
     pub fused_greedy: bool,
+    /// Chain batches that sample (not trees, not all-greedy, without raw logprobs or typical
+    /// acceptance) are verified inside the statistics pass: the last row_stats workgroup of
+    /// each request merges its rows' partials and decides its drafts exactly as the verify
+    /// kernel would, so verify is not dispatched (default true). Needs a device that binds 14
+    /// storage buffers per stage; elsewhere verify runs in its own dispatch. Tuning only: the
+    /// outputs are the same bits.
+    pub fused_verify: bool,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.
     pub workgroup_size: Option<u32>,
@@ -124,6 +131,7 @@ impl Default for VerifierOptions {
             early_race_entries: None,
             wide_greedy_chunks: None,
             fused_greedy: true,
+            fused_verify: true,
             workgroup_size: None,
             shader_int64: true,
             subgroups: true,
@@ -591,6 +599,18 @@ impl Verifier {
         match &self.backend {
             Backend::Gpu(g) => g
                 .settled_in_stats
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Cpu(_) => 0,
+        }
+    }
+
+    /// Test hook: calls whose batch was verified inside row_stats
+    /// (`VerifierOptions::fused_verify`; 0 on the CPU backend).
+    #[doc(hidden)]
+    pub fn fused_verify_calls(&self) -> u64 {
+        match &self.backend {
+            Backend::Gpu(g) => g
+                .verified_in_stats
                 .load(std::sync::atomic::Ordering::Relaxed),
             Backend::Cpu(_) => 0,
         }

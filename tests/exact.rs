@@ -686,6 +686,94 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
 }
 
 #[test]
+fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
+    // `VerifierOptions::fused_verify`: chain batches that sample are verified by row_stats'
+    // last workgroup per request (row_stats_verify) instead of verify's dispatch. The batches
+    // hold every draft kind, greedy requests beside sampled ones, top-k / top-p cut-offs, block
+    // requests (one-hot: decided at once; with a draft distribution: left to block_mass and
+    // block_settle), synthetic rates, -1 drafts, 0-draft requests, a request of 71 rows (more
+    // than the workgroup's lanes), rows with a NaN, a +inf or nothing but -inf, logprobs asked
+    // by some requests, and several windows (a request's workgroups in several dispatches).
+    // Both settings must give the twin's outputs, and the fused one must take the path wherever
+    // the device binds its 14 storage buffers (batches with raw logprobs fall back to verify).
+    let Some(_) = gpu() else { return };
+    let binds_all = specdec::select_adapter()
+        .unwrap()
+        .limits()
+        .max_storage_buffers_per_shader_stage
+        >= 14;
+    eprintln!("device binds 14 storage buffers: {binds_all}");
+    const V: u32 = 9000;
+    let v = V as usize;
+    let mut gen = Gen::new(16);
+    let mut batches = Vec::new();
+    for kind in 0..3u8 {
+        let mut b = Owned::random(
+            &mut gen,
+            V,
+            &[3, 0, 5, 1, 8, 2, 4],
+            &[1.0, 0.0, 0.7, 1.3],
+            kind,
+            0.6,
+        );
+        b.drafts[4] = -1;
+        for (j, r) in b.requests.iter_mut().enumerate() {
+            match j % 4 {
+                1 => r.params = r.params.with_top_p(0.8),
+                2 => r.params = r.params.with_top_k(40),
+                3 => r.params.rule = Rule::Block,
+                _ => {}
+            }
+            if j % 3 == 0 {
+                r.params = r.params.with_logprobs(false);
+            }
+        }
+        // Special rows: request 0's second row has a NaN, request 2's first row a +inf,
+        // request 4's fourth row nothing but -inf (rows: 0-3 request 0, 4 request 1, 5-10
+        // request 2, 11-12 request 3, 13-21 request 4).
+        b.target[v + 17] = f32::NAN;
+        b.target[5 * v + 4000] = f32::INFINITY;
+        b.target[16 * v..17 * v].fill(f32::NEG_INFINITY);
+        batches.push(b);
+    }
+    let mut synthetic = Owned::random(&mut gen, V, &[3, 2, 4], &[1.0, 0.8], 1, 0.5);
+    for r in &mut synthetic.requests {
+        r.params.rule = Rule::Synthetic;
+    }
+    synthetic.rates = Some((0..9).map(|i| [0.0, 1.0, 0.5][i % 3]).collect());
+    batches.push(synthetic);
+    batches.push(Owned::random(&mut gen, V, &[2, 70], &[0.9], 2, 0.9));
+    let mut raw = Owned::random(&mut gen, V, &[2, 3], &[1.0], 1, 0.5);
+    raw.requests[0].params = raw.requests[0].params.with_logprobs(true);
+    for fused in [true, false] {
+        for windows in [false, true] {
+            let v = Verifier::new(specdec::VerifierOptions {
+                fused_verify: fused,
+                max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
+                ..specdec::VerifierOptions::default()
+            })
+            .unwrap();
+            for (i, b) in batches.iter().chain([&raw]).enumerate() {
+                let want = cpu().verify_blocking(&b.batch()).unwrap();
+                let before = v.fused_verify_calls();
+                let got = v.verify_blocking(&b.batch()).unwrap();
+                let takes = fused && binds_all && i < batches.len();
+                assert_eq!(
+                    v.fused_verify_calls() - before,
+                    u64::from(takes),
+                    "fused {fused}, windows {windows}, batch {i} (the last has raw logprobs)"
+                );
+                let diff = twin_differences(&got, &want);
+                assert!(
+                    diff.is_empty(),
+                    "fused {fused}, windows {windows}, batch {i}: {diff:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn requests_with_more_rows_than_lanes_match_the_twin() {
     // verify's lanes take a request's rows 64 at a time, each folding its row's chunk partials
     // in order. At V = 70,000 (18 chunks) a request with 70 drafts has 71 rows, so lane 6 takes

@@ -109,8 +109,9 @@ impl Validator {
 }
 
 /// Entry points whose workgroup size is fixed at 64, not `WG`.
-const FIXED_64: [&str; 11] = [
+const FIXED_64: [&str; 12] = [
     "row_stats.block",
+    "row_stats_verify.block_verify",
     "verify.main",
     "verify.block_settle",
     "verify.tree_merge",
@@ -429,7 +430,7 @@ fn every_kernel_translates_to_every_backend() {
     );
 }
 
-/// The subgroup variant (`Variant::subgroup_lanes`; row_stats and block_mass fold the lanes
+/// The subgroup variant (`Variant::subgroup_lanes`; row_stats, row_stats_verify and block_mass fold the lanes
 /// below `SG_LANES` through shuffles) translates to the languages of the backends that offer
 /// wgpu's `SUBGROUP` (SPIR-V, MSL, HLSL shader model 6.0), for subgroups of 8, 32 and 64 lanes,
 /// and its SPIR-V passes spirv-val where it is installed (required with `CI=true`).
@@ -449,7 +450,10 @@ fn subgroup_folds_translate_to_the_subgroup_backends() {
     let mut failures = Vec::new();
     let mut translated = 0;
     for (kernel, module, info) in &modules {
-        if !matches!(kernel, Kernel::RowStats | Kernel::BlockMass) {
+        if !matches!(
+            kernel,
+            Kernel::RowStats | Kernel::RowStatsVerify | Kernel::BlockMass
+        ) {
             continue;
         }
         for &entry in kernel.entry_points() {
@@ -484,6 +488,7 @@ fn subgroup_folds_translate_to_the_subgroup_backends() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // row_stats' three entry points and block_mass' four, three sizes, three languages.
-    assert_eq!(translated, 7 * 3 * 3);
+    // row_stats' three entry points, row_stats_verify's one and block_mass' four, three sizes,
+    // three languages.
+    assert_eq!(translated, 8 * 3 * 3);
 }

@@ -6,6 +6,9 @@ use crate::error::Error;
 
 /// Storage buffers the widest kernel binds in one stage (residual_argmax: 7).
 pub(super) const STORAGE_BUFFERS_NEEDED: u32 = 8;
+/// Storage buffers row_stats_verify binds (row_stats' eight and verify's six besides the
+/// requests); devices with fewer take verify's own dispatch.
+pub(super) const STORAGE_BUFFERS_FUSED: u32 = 14;
 
 /// Every adapter of the backends `WGPU_BACKEND` allows (all by default), filtered by
 /// `WGPU_ADAPTER_NAME` (case-insensitive substring) when it is set.
@@ -77,7 +80,10 @@ pub fn required_limits(adapter: &wgpu::Limits) -> Result<wgpu::Limits, Error> {
         });
     }
     let mut l = wgpu::Limits::downlevel_defaults();
-    l.max_storage_buffers_per_shader_stage = STORAGE_BUFFERS_NEEDED;
+    // As many as row_stats_verify binds where the adapter has them.
+    l.max_storage_buffers_per_shader_stage = adapter
+        .max_storage_buffers_per_shader_stage
+        .min(STORAGE_BUFFERS_FUSED);
     l.max_storage_buffer_binding_size = adapter.max_storage_buffer_binding_size;
     l.max_buffer_size = adapter.max_buffer_size;
     l.max_compute_workgroups_per_dimension = adapter.max_compute_workgroups_per_dimension;

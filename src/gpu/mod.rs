@@ -136,6 +136,8 @@ pub(crate) struct GpuBackend {
     wide_greedy_chunks: u32,
     /// `VerifierOptions::fused_greedy`.
     fused_greedy: bool,
+    /// `VerifierOptions::fused_verify`, where the device has row_stats_verify's pipelines.
+    fused_verify: bool,
     max_binding: u64,
     timeout: Duration,
     /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
@@ -157,6 +159,9 @@ pub(crate) struct GpuBackend {
     /// Calls recorded with the batch settled in row_stats (`Shape::settle_in_stats`), for the
     /// tests that must exercise that path.
     pub settled_in_stats: std::sync::atomic::AtomicU64,
+    /// Calls recorded with the batch verified in row_stats (`Shape::verify_in_stats`), for the
+    /// tests that must exercise that path.
+    pub verified_in_stats: std::sync::atomic::AtomicU64,
 }
 
 impl GpuBackend {
@@ -247,6 +252,8 @@ impl GpuBackend {
             early_race_entries,
             wide_greedy_chunks,
             fused_greedy: opts.fused_greedy,
+            fused_verify: opts.fused_verify
+                && layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify),
             max_binding,
             timeout: opts.timeout,
             spin_wait,
@@ -260,6 +267,7 @@ impl GpuBackend {
             uncaptured,
             buffer_epoch: std::sync::atomic::AtomicU64::new(0),
             groups_made: std::sync::atomic::AtomicU64::new(0),
+            verified_in_stats: std::sync::atomic::AtomicU64::new(0),
             settled_in_stats: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -311,6 +319,12 @@ impl GpuBackend {
                 let counts = (shape.out_words + shape.settle_words(plan) - shape.n) as u64 * 4;
                 encoder.clear_buffer(ws.out.get(), counts, Some(shape.n as u64 * 4));
             }
+            if shape.verify_in_stats {
+                self.verified_in_stats.fetch_add(1, Ordering::Relaxed);
+                // block_verify's counts start at 0, as block_wide_settle's.
+                let counts = shape.partial_words(plan) as u64 * 4;
+                encoder.clear_buffer(ws.block_stats.get(), counts, Some(shape.n as u64 * 4));
+            }
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &shape, &rows);
             let masses = self.block_mass_groups(ws, &shape, &rows);
@@ -326,9 +340,9 @@ impl GpuBackend {
                     self.record_residual_blocks(pass, &shape, &residual, true);
                 },
                 &|pass| {
-                    // (Nothing where row_stats settled the batch; the phase stays, empty, so
-                    // that per-kernel timings keep their columns.)
-                    if !shape.settle_in_stats {
+                    // (Nothing where row_stats settled or verified the batch; the phase stays,
+                    // empty, so that per-kernel timings keep their columns.)
+                    if !shape.settle_in_stats && !shape.verify_in_stats {
                         self.record_verify(pass, &shape, &verify);
                     }
                     if shape.block_masses {

@@ -59,6 +59,10 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // specialisation keeps their rescaling out of the chunk merge when they are off.
         // SPECIAL_WIDE only without them (an all-greedy batch without raw sums).
         Kernel::Verify => &[0, 1, 2, 3, SPECIAL_WIDE],
+        // row_stats with verify in its last workgroups: the load paths without the optional
+        // sums (batches with raw logprobs or typical acceptance take verify's dispatch), so
+        // building a device compiles four more row_stats pipelines, not sixteen.
+        Kernel::RowStatsVerify => &[0, SPECIAL_PLAIN_F32, SPECIAL_PLAIN_F16, SPECIAL_PLAIN_BF16],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
         // `docs/performance.md`); residual_argmax also without the linear keys' code, and
@@ -83,6 +87,7 @@ fn kernel_layout_entries(kernel: Kernel) -> Vec<wgpu::BindGroupLayoutEntry> {
     match kernel {
         Kernel::Cutoff => super::cutoff::layout_entries(),
         Kernel::RowStats => super::row_stats::layout_entries(),
+        Kernel::RowStatsVerify => super::row_stats::verify_layout_entries(),
         Kernel::Verify => super::verify::layout_entries(),
         Kernel::BlockMass => super::block_mass::layout_entries(),
         Kernel::ResidualArgmax => super::residual::layout_entries(),
@@ -140,7 +145,15 @@ pub(super) fn build_pipelines(
 ) -> (Layouts, Pipelines) {
     let mut layouts = HashMap::new();
     let mut pipelines = HashMap::new();
+    let storage_buffers = device.limits().max_storage_buffers_per_shader_stage;
     for kernel in Kernel::ALL {
+        // row_stats_verify binds more storage buffers than the other kernels; a device that
+        // cannot bind them verifies in verify's own dispatch (`Shape::verify_in_stats`).
+        if kernel == Kernel::RowStatsVerify
+            && storage_buffers < super::adapter::STORAGE_BUFFERS_FUSED
+        {
+            continue;
+        }
         let label = format!("specdec.{}", kernel.name());
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
@@ -243,7 +256,7 @@ fn override_constants(
         constants.push(("LOG_KEYS", f64::from((special & SPECIAL_LOG_KEYS) >> 6)));
         constants.push(("EARLY", f64::from((special & SPECIAL_EARLY) >> 7)));
     }
-    if kernel == Kernel::RowStats {
+    if matches!(kernel, Kernel::RowStats | Kernel::RowStatsVerify) {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));
         constants.push(("ENTROPY", f64::from((special & SPECIAL_ENTROPY) >> 1)));
         constants.push(("PLAIN_F32", f64::from((special & SPECIAL_PLAIN_F32) >> 2)));

@@ -22,6 +22,13 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
     with_params(8, &[5])
 }
 
+/// row_stats_verify's bindings: row_stats' (binding 5 holds the partials as words, then a
+/// count per request), then verify's draft ids, rates, tasks, output, merged rows and block
+/// masses at 9–14.
+pub(super) fn verify_layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
+    with_params(14, &[5, 11, 12, 13])
+}
+
 /// The row_stats specialisation of a batch: raw sums when some request asks for raw logprobs,
 /// the entropy numerator when some request uses typical acceptance, and when nothing is cut,
 /// plain loads for the target's element type (f32 only when the draft rows are f32 too; the
@@ -125,23 +132,41 @@ impl GpuBackend {
         } else {
             ws.block_stats.get()
         };
+        let masses = if shape.block_masses {
+            ws.masses.get()
+        } else {
+            &self.dummy
+        };
         rows.iter()
             .map(|r| {
+                let mut entries = vec![
+                    params_entry(ws),
+                    r.target(),
+                    r.draft(&self.dummy),
+                    ws.meta_entry(3, ws.meta_at.requests),
+                    ws.meta_entry(4, ws.meta_at.row_info),
+                    entry(5, results),
+                    r.target_vec4(&self.dummy),
+                    r.draft_vec4(&self.dummy),
+                    entry(8, ws.cutoffs.get()),
+                ];
+                if !shape.verify_in_stats {
+                    return self.bind_group(ws, Kernel::RowStats, "specdec.row_stats", &entries);
+                }
+                // verify's bindings besides the requests (verify.rs, `verify_group`).
+                entries.extend([
+                    ws.meta_entry(9, ws.meta_at.draft_ids),
+                    ws.meta_entry(10, ws.meta_at.rates),
+                    entry(11, ws.tasks.get()),
+                    entry(12, ws.out.get()),
+                    entry(13, ws.row_stats.get()),
+                    entry(14, masses),
+                ]);
                 self.bind_group(
                     ws,
-                    Kernel::RowStats,
-                    "specdec.row_stats",
-                    &[
-                        params_entry(ws),
-                        r.target(),
-                        r.draft(&self.dummy),
-                        ws.meta_entry(3, ws.meta_at.requests),
-                        ws.meta_entry(4, ws.meta_at.row_info),
-                        entry(5, results),
-                        r.target_vec4(&self.dummy),
-                        r.draft_vec4(&self.dummy),
-                        entry(8, ws.cutoffs.get()),
-                    ],
+                    Kernel::RowStatsVerify,
+                    "specdec.row_stats_verify",
+                    &entries,
                 )
             })
             .collect()
@@ -154,12 +179,13 @@ impl GpuBackend {
         shape: &Shape,
         groups: &[wgpu::BindGroup],
     ) {
-        let entry = match (shape.special & SPECIAL_WIDE != 0, shape.settle_in_stats) {
-            (true, true) => "block_wide_settle",
-            (true, false) => "block_wide",
-            _ => "block",
+        let (kernel, entry) = match (shape.special & SPECIAL_WIDE != 0, shape.settle_in_stats) {
+            _ if shape.verify_in_stats => (Kernel::RowStatsVerify, "block_verify"),
+            (true, true) => (Kernel::RowStats, "block_wide_settle"),
+            (true, false) => (Kernel::RowStats, "block_wide"),
+            _ => (Kernel::RowStats, "block"),
         };
-        pass.set_pipeline(self.special_pipeline(Kernel::RowStats, entry, shape.special));
+        pass.set_pipeline(self.special_pipeline(kernel, entry, shape.special));
         for (i, w) in shape.windows.iter().enumerate() {
             shape.slots.bind(pass, &groups[i], i);
             pass.dispatch_workgroups(shape.stats_blocks, (w.row_end - w.row_begin) as u32, 1);

@@ -4,7 +4,10 @@
 //! the workspace is sized from it and every `record_*` dispatches by it.
 
 use super::cutoff::CutShape;
-use super::pipelines::{SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_WIDE};
+use super::pipelines::{
+    SPECIAL_ENTROPY, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_RAW,
+    SPECIAL_WIDE,
+};
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
 use crate::batch::Plan;
@@ -66,6 +69,11 @@ pub(super) struct Shape {
     /// synthetic or deliberately faulty. No verify dispatch; the output buffer holds the chunk
     /// results from word `out_words` and a count per request after them.
     pub settle_in_stats: bool,
+    /// row_stats_verify's `block_verify` verifies the batch (`VerifierOptions::fused_verify`): a
+    /// chain batch on row_stats' `block` without the optional sums (raw logprobs, typical
+    /// acceptance). No verify dispatch; the block statistics hold the partials as words and a
+    /// count per request after them, from word `Shape::partial_words`.
+    pub verify_in_stats: bool,
     /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
     /// sampled request beside row_stats, one candidate row per (request, local row).
     pub early: bool,
@@ -128,6 +136,14 @@ impl Shape {
             block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
         }
         let cut = CutShape::new(g, plan, &windows, filters);
+        let settle_in_stats = settles && special & SPECIAL_WIDE != 0;
+        // row_stats_verify is built for the load paths alone (no raw or entropy sums, not the
+        // all-greedy pipelines, which settle in row_stats or merge over wide workgroups).
+        let verify_in_stats = g.fused_verify
+            && !tree
+            && n > 0
+            && !settle_in_stats
+            && special & (SPECIAL_RAW | SPECIAL_ENTROPY | SPECIAL_MAX_ONLY | SPECIAL_WIDE) == 0;
         Shape {
             n,
             slots: super::bindings::ParamSlots {
@@ -156,7 +172,8 @@ impl Shape {
                 && plan.out_stride as u64 * u64::from(num_chunks) > WIDE_VERIFY_PARTIALS,
             windows,
             tree,
-            settle_in_stats: settles && special & SPECIAL_WIDE != 0,
+            settle_in_stats,
+            verify_in_stats,
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
@@ -197,6 +214,12 @@ impl Shape {
         }
     }
 
+    /// Words of the chunk partials when row_stats_verify writes them (twelve a partial): its
+    /// counts start there.
+    pub fn partial_words(&self, plan: &Plan) -> usize {
+        12 * plan.total_rows * self.num_chunks as usize
+    }
+
     /// The Params every window's slot starts from (and the only slot of an empty batch).
     pub fn base_params(&self, plan: &Plan) -> Params {
         Params {
@@ -216,6 +239,8 @@ impl Shape {
             flags: if self.tree { PARAM_TREE } else { 0 },
             settle_base: if self.settle_in_stats {
                 self.out_words as u32
+            } else if self.verify_in_stats {
+                self.partial_words(plan) as u32
             } else {
                 0
             },

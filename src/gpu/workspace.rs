@@ -365,9 +365,11 @@ impl GpuBackend {
             (plan.rates.len() * 4) as u64,
         );
         ws.meta.ensure(dev, ws.meta_at.end());
+        // (48 bytes a partial either way; row_stats_verify's counts after them.)
+        let counts = if shape.verify_in_stats { n } else { 0 };
         ws.block_stats.ensure(
             dev,
-            plan.total_rows as u64 * u64::from(shape.num_chunks) * 48,
+            plan.total_rows as u64 * u64::from(shape.num_chunks) * 48 + counts as u64 * 4,
         );
         ws.row_stats.ensure(dev, (plan.total_rows * 48) as u64);
         ws.tasks.ensure(dev, (n * 16) as u64);
