@@ -2,6 +2,13 @@
 // RowStats in order, stored and loaded as atomics. The last workgroup of a request reads the
 // partials the request's other workgroups wrote, and WGSL orders memory between workgroups only
 // through atomics (with the device-scope barriers around the count, as block_wide_settle does).
+// Only the words some decision reads are stored and loaded: an atomic access is never dropped by
+// the compiler, and the merge's chain of folds waits for its loads. Draft softmaxes only with
+// draft logits, raw sums and entropy numerators only in the pipelines that keep them (never
+// built here today: the host takes verify's dispatch for them), the drafted token's values only
+// from the one chunk that holds them (load_drafted_values), ρ never (verify writes it to merged
+// rows). Fields not loaded are left at 0 (q_max at -inf, as row_stats leaves it without draft
+// logits); nothing reads them where they are not loaded.
 // After the partials, from word `params.settle_base`: one count per request (row_stats_verify.wgsl).
 @group(0) @binding(5) var<storage, read_write> partial_words: array<atomic<u32>>;
 
@@ -13,16 +20,21 @@ fn store_partial(i: u32, st: RowStats) {
     atomicStore(&partial_words[w + 2u], st.t_arg);
     atomicStore(&partial_words[w + 3u], st.flags);
     atomicStore(&partial_words[w + 4u], bitcast<u32>(st.t_at_d));
-    atomicStore(&partial_words[w + 5u], bitcast<u32>(st.q_max));
-    atomicStore(&partial_words[w + 6u], bitcast<u32>(st.q_sum));
     atomicStore(&partial_words[w + 7u], bitcast<u32>(st.q_at_d));
-    atomicStore(&partial_words[w + 8u], bitcast<u32>(st.raw_max));
-    atomicStore(&partial_words[w + 9u], bitcast<u32>(st.raw_sum));
-    atomicStore(&partial_words[w + 10u], bitcast<u32>(st.t_ent));
-    atomicStore(&partial_words[w + 11u], bitcast<u32>(st.rho));
+    if (params.draft_kind == DRAFT_LOGITS) {
+        atomicStore(&partial_words[w + 5u], bitcast<u32>(st.q_max));
+        atomicStore(&partial_words[w + 6u], bitcast<u32>(st.q_sum));
+    }
+    if (RAW_SUMS) {
+        atomicStore(&partial_words[w + 8u], bitcast<u32>(st.raw_max));
+        atomicStore(&partial_words[w + 9u], bitcast<u32>(st.raw_sum));
+    }
+    if (ENTROPY) {
+        atomicStore(&partial_words[w + 10u], bitcast<u32>(st.t_ent));
+    }
 }
 
-// Chunk partial i, as store_partial wrote it (verify_request.wgsl reads the partials through it).
+// Chunk partial i's fields that the merge folds, as store_partial wrote them.
 fn load_partial(i: u32) -> RowStats {
     let w = 12u * i;
     var st: RowStats;
@@ -30,13 +42,26 @@ fn load_partial(i: u32) -> RowStats {
     st.t_sum = bitcast<f32>(atomicLoad(&partial_words[w + 1u]));
     st.t_arg = atomicLoad(&partial_words[w + 2u]);
     st.flags = atomicLoad(&partial_words[w + 3u]);
-    st.t_at_d = bitcast<f32>(atomicLoad(&partial_words[w + 4u]));
-    st.q_max = bitcast<f32>(atomicLoad(&partial_words[w + 5u]));
-    st.q_sum = bitcast<f32>(atomicLoad(&partial_words[w + 6u]));
-    st.q_at_d = bitcast<f32>(atomicLoad(&partial_words[w + 7u]));
-    st.raw_max = bitcast<f32>(atomicLoad(&partial_words[w + 8u]));
-    st.raw_sum = bitcast<f32>(atomicLoad(&partial_words[w + 9u]));
-    st.t_ent = bitcast<f32>(atomicLoad(&partial_words[w + 10u]));
-    st.rho = bitcast<f32>(atomicLoad(&partial_words[w + 11u]));
+    st.q_max = bitcast<f32>(NEG_INF_BITS);
+    if (params.draft_kind == DRAFT_LOGITS) {
+        st.q_max = bitcast<f32>(atomicLoad(&partial_words[w + 5u]));
+        st.q_sum = bitcast<f32>(atomicLoad(&partial_words[w + 6u]));
+    }
+    if (RAW_SUMS) {
+        st.raw_max = bitcast<f32>(atomicLoad(&partial_words[w + 8u]));
+        st.raw_sum = bitcast<f32>(atomicLoad(&partial_words[w + 9u]));
+    }
+    if (ENTROPY) {
+        st.t_ent = bitcast<f32>(atomicLoad(&partial_words[w + 10u]));
+    }
     return st;
+}
+
+// Chunk partial i's values at the drafted token (target, draft).
+fn load_drafted_values(i: u32) -> vec2<f32> {
+    let w = 12u * i;
+    return vec2<f32>(
+        bitcast<f32>(atomicLoad(&partial_words[w + 4u])),
+        bitcast<f32>(atomicLoad(&partial_words[w + 7u])),
+    );
 }

@@ -51,6 +51,12 @@ fn load_partial(i: u32) -> RowStats {
     return chunk_stats[i];
 }
 
+// Chunk partial i's values at the drafted token (target, draft).
+fn load_drafted_values(i: u32) -> vec2<f32> {
+    let holder = chunk_stats[i];
+    return vec2<f32>(holder.t_at_d, holder.q_at_d);
+}
+
 // The merge, the decisions and the settling: verify_request.wgsl (appended to this file).
 
 @compute @workgroup_size(VERIFY_WG)

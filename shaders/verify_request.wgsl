@@ -2,8 +2,9 @@
 // request after row_stats) and row_stats_verify.wgsl (the last row_stats workgroup of each
 // request). What it does and the rules: verify.wgsl's header. The including module declares
 // the bindings it names (params, requests, draft_ids, rates, tasks, out_words, row_stats,
-// masses), the RAW_SUMS / ENTROPY overrides, and `load_partial(i)`: chunk partial i (row-major,
-// num_chunks per row) as row_stats wrote it.
+// masses), the RAW_SUMS / ENTROPY overrides, `load_partial(i)`: chunk partial i (row-major,
+// num_chunks per row) as row_stats wrote it, at least the fields the merge folds, and
+// `load_drafted_values(i)`: its values at the drafted token (t_at_d, q_at_d).
 
 // Folds chunk partial `o` into `acc` (chunk order: `acc` holds the chunks before `o`).
 fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
@@ -97,8 +98,7 @@ fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
     if (drafted < 0) {
         return vec2<f32>(0.0);
     }
-    let holder = load_partial(row * params.num_chunks + u32(drafted) / CHUNK);
-    return vec2<f32>(holder.t_at_d, holder.q_at_d);
+    return load_drafted_values(row * params.num_chunks + u32(drafted) / CHUNK);
 }
 
 // The logprob pair of a slot that holds no token (and of a stop the residual pass settles).

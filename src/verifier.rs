@@ -55,12 +55,16 @@ pub struct VerifierOptions {
     /// only: the outputs are the same bits.
     pub fused_greedy: bool,
     /// Chain batches that sample (not trees, not all-greedy, without raw logprobs or typical
-    /// acceptance) are verified inside the statistics pass: the last row_stats workgroup of
-    /// each request merges its rows' partials and decides its drafts exactly as the verify
-    /// kernel would, so verify is not dispatched (default true). Needs a device that binds 14
-    /// storage buffers per stage; elsewhere verify runs in its own dispatch. Tuning only: the
-    /// outputs are the same bits.
-    pub fused_verify: bool,
+    /// acceptance) of at most this many chunk partials (rows × ⌈V / 4096⌉) are verified inside
+    /// the statistics pass: the last row_stats workgroup of each request merges its rows'
+    /// partials and decides its drafts exactly as the verify kernel would, so verify is not
+    /// dispatched. Not beside the early race (`early_race_entries`), which would then wait for
+    /// the statistics pass. `None` (the default) is 1,024 on adapters wgpu reports as discrete
+    /// GPUs, where an H200's sampled GPU time took 0.93-0.99x up to 1,024 chunks and
+    /// 1.03-1.44x above (the tail's workgroup memory and atomics cost every workgroup), and off
+    /// elsewhere (not measured); 0 turns it off. Needs a device that binds 14 storage buffers
+    /// per stage. Tuning only: the outputs are the same bits.
+    pub fused_verify_chunks: Option<u32>,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.
     pub workgroup_size: Option<u32>,
@@ -131,7 +135,7 @@ impl Default for VerifierOptions {
             early_race_entries: None,
             wide_greedy_chunks: None,
             fused_greedy: true,
-            fused_verify: true,
+            fused_verify_chunks: None,
             workgroup_size: None,
             shader_int64: true,
             subgroups: true,
@@ -605,7 +609,7 @@ impl Verifier {
     }
 
     /// Test hook: calls whose batch was verified inside row_stats
-    /// (`VerifierOptions::fused_verify`; 0 on the CPU backend).
+    /// (`VerifierOptions::fused_verify_chunks`; 0 on the CPU backend).
     #[doc(hidden)]
     pub fn fused_verify_calls(&self) -> u64 {
         match &self.backend {

@@ -748,7 +748,9 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
     for fused in [true, false] {
         for windows in [false, true] {
             let v = Verifier::new(specdec::VerifierOptions {
-                fused_verify: fused,
+                fused_verify_chunks: Some(if fused { u32::MAX } else { 0 }),
+                // (The early race beside row_stats takes one-hot batches off this path.)
+                early_race_entries: Some(0),
                 max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
                 ..specdec::VerifierOptions::default()
             })

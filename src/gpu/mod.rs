@@ -136,8 +136,9 @@ pub(crate) struct GpuBackend {
     wide_greedy_chunks: u32,
     /// `VerifierOptions::fused_greedy`.
     fused_greedy: bool,
-    /// `VerifierOptions::fused_verify`, where the device has row_stats_verify's pipelines.
-    fused_verify: bool,
+    /// `VerifierOptions::fused_verify_chunks`, its default resolved for this adapter (0 where
+    /// the device has no row_stats_verify pipelines).
+    fused_verify_chunks: u32,
     max_binding: u64,
     timeout: Duration,
     /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
@@ -236,6 +237,14 @@ impl GpuBackend {
                 0
             },
         );
+        // The same default as the wide reduction's: 1,024 chunks on discrete GPUs.
+        let fused_verify_chunks = opts.fused_verify_chunks.unwrap_or(
+            if info.device_type == wgpu::DeviceType::DiscreteGpu {
+                opts.target_workgroups / 8
+            } else {
+                0
+            },
+        );
         let spin_wait =
             opts.spin_wait
                 .unwrap_or(if info.device_type == wgpu::DeviceType::DiscreteGpu {
@@ -252,8 +261,11 @@ impl GpuBackend {
             early_race_entries,
             wide_greedy_chunks,
             fused_greedy: opts.fused_greedy,
-            fused_verify: opts.fused_verify
-                && layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify),
+            fused_verify_chunks: if layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify) {
+                fused_verify_chunks
+            } else {
+                0
+            },
             max_binding,
             timeout: opts.timeout,
             spin_wait,

@@ -141,8 +141,8 @@ pub struct BenchConfig {
     pub wide_greedy_chunks: Option<u32>,
     /// `VerifierOptions::fused_greedy` of the verifier under test.
     pub fused_greedy: bool,
-    /// `VerifierOptions::fused_verify` of the verifier under test.
-    pub fused_verify: bool,
+    /// `VerifierOptions::fused_verify_chunks` of the verifier under test (`None`: its default).
+    pub fused_verify_chunks: Option<u32>,
     /// `VerifierOptions::spin_wait` of the verifier under test (`None`: its default); the
     /// round-trip floor waits the same way.
     pub spin_wait: Option<std::time::Duration>,
@@ -189,7 +189,7 @@ impl BenchConfig {
             early_race_entries: self.early_race_entries,
             wide_greedy_chunks: self.wide_greedy_chunks,
             fused_greedy: self.fused_greedy,
-            fused_verify: self.fused_verify,
+            fused_verify_chunks: self.fused_verify_chunks,
             spin_wait: self.spin_wait,
             shader_checks: self.shader_checks,
             workgroup_size: self.workgroup_size,
@@ -216,7 +216,7 @@ impl BenchConfig {
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             fused_greedy: VerifierOptions::default().fused_greedy,
-            fused_verify: VerifierOptions::default().fused_verify,
+            fused_verify_chunks: VerifierOptions::default().fused_verify_chunks,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
@@ -249,7 +249,7 @@ impl BenchConfig {
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
             fused_greedy: VerifierOptions::default().fused_greedy,
-            fused_verify: VerifierOptions::default().fused_verify,
+            fused_verify_chunks: VerifierOptions::default().fused_verify_chunks,
             spin_wait: VerifierOptions::default().spin_wait,
             shader_int64: true,
             subgroups: true,
@@ -1958,8 +1958,9 @@ Options:
                       GPUs, else off); batches that settle in row_stats do at any size unless 0
   --no-fused-greedy   all-greedy batches run verify's dispatch instead of settling in
                       row_stats (VerifierOptions::fused_greedy)
-  --no-fused-verify   sampled batches run verify's dispatch instead of being verified by
-                      row_stats' last workgroups (VerifierOptions::fused_verify)
+  --fused-verify N    sampled batches of at most N chunks are verified by row_stats' last
+                      workgroups, without verify's dispatch (VerifierOptions::
+                      fused_verify_chunks; 0 = off; default: 1,024 on discrete GPUs, else off)
   --spin-us N         a blocking read polls the device for up to N µs before it sleeps
                       (VerifierOptions::spin_wait; 0 = sleep at once; default: 1,000 on discrete
                       GPUs, else 0); the round-trip floor waits the same way
@@ -2051,7 +2052,9 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--no-subgroups" => cfg.subgroups = false,
             "--immediates" => cfg.immediates = true,
             "--no-fused-greedy" => cfg.fused_greedy = false,
-            "--no-fused-verify" => cfg.fused_verify = false,
+            "--fused-verify" => {
+                cfg.fused_verify_chunks = Some(parse_one("--fused-verify", &value()?)?);
+            }
             "--shader-checks" => cfg.shader_checks = parse_checks(&value()?)?,
             "--workgroup-size" => {
                 cfg.workgroup_size = Some(parse_one("--workgroup-size", &value()?)?)
