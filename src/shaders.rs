@@ -134,17 +134,17 @@ impl Kernel {
         }
     }
 
-    /// The files appended after the kernel's own body (its share of code that two kernels use).
-    /// `SPECDEC_SHADER_DIR` replaces only the body.
-    pub fn companions(self) -> &'static [&'static str] {
+    /// The files appended after the kernel's own body (its share of code that two kernels use),
+    /// by file stem and source.
+    pub fn companions(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Kernel::RowStats => &[PARTIALS_PLAIN],
+            Kernel::RowStats => &[("partials_plain", PARTIALS_PLAIN)],
             Kernel::RowStatsVerify => &[
-                include_str!("../shaders/row_stats.wgsl"),
-                PARTIALS_ATOMIC,
-                VERIFY_REQUEST,
+                ("row_stats", include_str!("../shaders/row_stats.wgsl")),
+                ("partials_atomic", PARTIALS_ATOMIC),
+                ("verify_request", VERIFY_REQUEST),
             ],
-            Kernel::Verify => &[VERIFY_REQUEST],
+            Kernel::Verify => &[("verify_request", VERIFY_REQUEST)],
             _ => &[],
         }
     }
@@ -201,18 +201,15 @@ impl Kernel {
     /// [`Kernel::companions`].
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
-    /// replaces the built-in kernel body (to time shader experiments on a device without
-    /// rebuilding). Never set it in production.
+    /// replaces the built-in kernel body, and `<kernel>.<stem>.wgsl` or `<stem>.wgsl` a companion
+    /// (to time shader experiments on a device without rebuilding). Never set it in production.
     pub fn source(self, variant: Variant) -> String {
         let mul_wide = if variant.int64 {
             MUL_WIDE_INT64
         } else {
             MUL_WIDE_U32
         };
-        let body = std::env::var_os("SPECDEC_SHADER_DIR")
-            .map(|dir| std::path::Path::new(&dir).join(format!("{}.wgsl", self.name())))
-            .and_then(|path| std::fs::read_to_string(path).ok())
-            .unwrap_or_else(|| self.body().to_string());
+        let body = shader_dir_file(self.name()).unwrap_or_else(|| self.body().to_string());
         let rows = if self.reads_rows() { ROWS } else { "" };
         // No `enable subgroups;` directive: naga 30 rejects it as not yet implemented and
         // offers the subgroup builtins to modules validated with its SUBGROUP capability,
@@ -227,9 +224,25 @@ impl Kernel {
             (true, false) => PARAMS_UNIFORM,
             (true, true) => PARAMS_IMMEDIATE,
         };
-        let companions = self.companions().join("\n");
+        let companions: Vec<String> = self
+            .companions()
+            .iter()
+            .map(|&(stem, src)| {
+                shader_dir_file(&format!("{}.{stem}", self.name()))
+                    .or_else(|| shader_dir_file(stem))
+                    .unwrap_or_else(|| src.to_string())
+            })
+            .collect();
+        let companions = companions.join("\n");
         format!("{COMMON}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}\n{companions}")
     }
+}
+
+/// `<stem>.wgsl` from `SPECDEC_SHADER_DIR` when the variable is set and the file exists
+/// ([`Kernel::source`]'s development hook).
+fn shader_dir_file(stem: &str) -> Option<String> {
+    let dir = std::env::var_os("SPECDEC_SHADER_DIR")?;
+    std::fs::read_to_string(std::path::Path::new(&dir).join(format!("{stem}.wgsl"))).ok()
 }
 
 /// Parses and validates every kernel's portable variant with naga (no GPU needed). Returns the
