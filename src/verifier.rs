@@ -58,11 +58,11 @@ pub struct VerifierOptions {
     /// acceptance) of at most this many chunk partials (rows × ⌈V / 4096⌉) are verified inside
     /// the statistics pass: the last row_stats workgroup of each request merges its rows'
     /// partials and decides its drafts exactly as the verify kernel would, so verify is not
-    /// dispatched. Not beside the early race (`early_race_entries`), which would then wait for
-    /// the statistics pass. `None` (the default) is 1,024 on adapters wgpu reports as discrete
-    /// GPUs, where an H200's sampled GPU time took 0.93-0.99x up to 1,024 chunks and
-    /// 1.03-1.44x above (the tail's workgroup memory and atomics cost every workgroup), and off
-    /// elsewhere (not measured); 0 turns it off. Needs a device that binds 14 storage buffers
+    /// dispatched (the early race, `early_race_entries`, still runs beside the statistics pass).
+    /// `None` (the default) is 1,024 on adapters wgpu reports as discrete GPUs, where an H200's
+    /// sampled GPU time took 0.85-0.98x up to 1,024 chunks and 1.03-1.44x above (the tail's
+    /// workgroup memory and atomics cost every workgroup), and off elsewhere (not measured);
+    /// 0 turns it off. Needs a device that binds 14 storage buffers
     /// per stage. Tuning only: the outputs are the same bits.
     pub fused_verify_chunks: Option<u32>,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two

@@ -745,32 +745,41 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
     batches.push(Owned::random(&mut gen, V, &[2, 70], &[0.9], 2, 0.9));
     let mut raw = Owned::random(&mut gen, V, &[2, 3], &[1.0], 1, 0.5);
     raw.requests[0].params = raw.requests[0].params.with_logprobs(true);
-    for fused in [true, false] {
-        for windows in [false, true] {
-            let v = Verifier::new(specdec::VerifierOptions {
-                fused_verify_chunks: Some(if fused { u32::MAX } else { 0 }),
-                // (The early race beside row_stats takes one-hot batches off this path.)
-                early_race_entries: Some(0),
-                max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
-                ..specdec::VerifierOptions::default()
-            })
-            .unwrap();
-            for (i, b) in batches.iter().chain([&raw]).enumerate() {
-                let want = cpu().verify_blocking(&b.batch()).unwrap();
-                let before = v.fused_verify_calls();
-                let got = v.verify_blocking(&b.batch()).unwrap();
-                let takes = fused && binds_all && i < batches.len();
-                assert_eq!(
-                    v.fused_verify_calls() - before,
-                    u64::from(takes),
-                    "fused {fused}, windows {windows}, batch {i} (the last has raw logprobs)"
-                );
-                let diff = twin_differences(&got, &want);
-                assert!(
-                    diff.is_empty(),
-                    "fused {fused}, windows {windows}, batch {i}: {diff:?}"
-                );
-            }
+    // (fused, row windows, early race): the early race beside row_stats takes the one-hot batch
+    // (the first) where it is on, and binds dummies for what the fused tail writes.
+    for (fused, windows, early) in [
+        (true, false, false),
+        (true, true, false),
+        (true, false, true),
+        (false, false, false),
+        (false, true, true),
+    ] {
+        let v = Verifier::new(specdec::VerifierOptions {
+            fused_verify_chunks: Some(if fused { u32::MAX } else { 0 }),
+            early_race_entries: Some(if early { u64::MAX } else { 0 }),
+            max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
+            ..specdec::VerifierOptions::default()
+        })
+        .unwrap();
+        let setting = format!("fused {fused}, windows {windows}, early {early}");
+        for (i, b) in batches.iter().chain([&raw]).enumerate() {
+            let want = cpu().verify_blocking(&b.batch()).unwrap();
+            let before = v.fused_verify_calls();
+            let got = v.verify_blocking(&b.batch()).unwrap();
+            let takes = fused && binds_all && i < batches.len();
+            assert_eq!(
+                v.fused_verify_calls() - before,
+                u64::from(takes),
+                "{setting}, batch {i} (the last has raw logprobs)"
+            );
+            let diff = twin_differences(&got, &want);
+            assert!(diff.is_empty(), "{setting}, batch {i}: {diff:?}");
+        }
+        if early {
+            assert!(
+                v.takes_early_race(&batches[0].batch()).unwrap(),
+                "{setting}: the one-hot batch races beside row_stats"
+            );
         }
     }
 }

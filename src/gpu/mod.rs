@@ -148,7 +148,11 @@ pub(crate) struct GpuBackend {
     /// The shader variant the pipelines were built from.
     pub variant: crate::shaders::Variant,
     pool: Mutex<Vec<Workspace>>,
+    /// Bound where a kernel's binding is never read (read-only storage bindings).
     dummy: wgpu::Buffer,
+    /// Bound where a writable binding is never touched: a buffer of its own, since one buffer
+    /// may not be bound read-only and writable in one dispatch.
+    dummy_rw: wgpu::Buffer,
     lost: Arc<Mutex<Option<String>>>,
     owns_device: bool,
     uncaptured: Arc<AtomicBool>,
@@ -211,15 +215,9 @@ impl GpuBackend {
                 && device.features().contains(wgpu::Features::IMMEDIATES)
                 && device.limits().max_immediate_size as usize >= bindings::PARAMS_BYTES,
         };
-        let (layouts, pipelines, dummy) = scoped(&device, || {
+        let (layouts, pipelines, [dummy, dummy_rw]) = scoped(&device, || {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
-            let dummy = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("specdec.dummy"),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            });
-            (layouts, pipelines, dummy)
+            (layouts, pipelines, dummies(&device))
         })?;
         // The early race pays where a small batch leaves most of the GPU idle (measured on a
         // discrete H200); elsewhere it is off unless the options ask for it.
@@ -274,6 +272,7 @@ impl GpuBackend {
             variant,
             pool: Mutex::new(Vec::new()),
             dummy,
+            dummy_rw,
             lost,
             owns_device,
             uncaptured,
@@ -341,6 +340,7 @@ impl GpuBackend {
             let stats = self.row_stats_groups(ws, &shape, &rows);
             let masses = self.block_mass_groups(ws, &shape, &rows);
             let residual = self.residual_groups(ws, &shape, &rows);
+            let early = self.early_race_groups(ws, &shape, &rows, &residual);
             let verify = self.verify_group(ws, &shape);
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
@@ -349,7 +349,7 @@ impl GpuBackend {
                     self.record_row_stats(pass, &shape, &stats);
                     // The early race beside row_stats, not after it (timed with it when
                     // profiling per kernel).
-                    self.record_residual_blocks(pass, &shape, &residual, true);
+                    self.record_residual_blocks(pass, &shape, &early, true);
                 },
                 &|pass| {
                     // (Nothing where row_stats settled or verified the batch; the phase stays,
@@ -431,6 +431,19 @@ impl GpuBackend {
         }
         Error::Gpu { detail }
     }
+}
+
+/// The backend's `dummy` (read-only bindings; 64 bytes, one element of every array it stands in
+/// for, a RowStats being 48) and `dummy_rw` (writable bindings).
+fn dummies(device: &wgpu::Device) -> [wgpu::Buffer; 2] {
+    [("specdec.dummy", 64), ("specdec.dummy_rw", 16)].map(|(label, size)| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    })
 }
 
 /// The caller's buffers a verification binds: the target rows' and the draft rows'.

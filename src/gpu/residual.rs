@@ -75,6 +75,45 @@ impl GpuBackend {
             .collect()
     }
 
+    /// The bind groups of the early race beside row_stats: `residual` itself, except where
+    /// row_stats_verify verifies the batch (`Shape::verify_in_stats`). That kernel writes the
+    /// merged rows, the tasks and the output, which the race binds (4, 5, 7) but never reads in
+    /// its early form (its tasks come from the row, `early_task`, and log-domain keys need no
+    /// row statistics); bound there, they would make the pass order the race after row_stats
+    /// instead of beside it (one-hot R = 1 1.19-1.25x on an H200, `docs/performance.md`). So
+    /// the race binds the dummies there, and `merge` the real buffers through `residual`.
+    pub(super) fn early_race_groups(
+        &self,
+        ws: &Workspace,
+        shape: &Shape,
+        rows: &[WindowRows<'_>],
+        residual: &[wgpu::BindGroup],
+    ) -> Vec<wgpu::BindGroup> {
+        if !(shape.early && shape.verify_in_stats) {
+            return residual.to_vec();
+        }
+        rows.iter()
+            .map(|r| {
+                self.bind_group(
+                    ws,
+                    Kernel::ResidualArgmax,
+                    "specdec.residual_argmax.early",
+                    &[
+                        params_entry(ws),
+                        r.target(),
+                        ws.meta_entry(2, ws.meta_at.draft_ids),
+                        ws.meta_entry(3, ws.meta_at.requests),
+                        entry(4, &self.dummy),
+                        entry(5, &self.dummy),
+                        entry(6, ws.candidates.get()),
+                        entry(7, &self.dummy_rw),
+                        entry(8, ws.cutoffs.get()),
+                    ],
+                )
+            })
+            .collect()
+    }
+
     /// Dispatches residual_argmax's `block` over every window: one workgroup per (vocabulary
     /// block, request, candidate row). Called twice per pass: `beside_stats` right after
     /// row_stats, where only the early race (`Shape::early`) dispatches (it writes only the

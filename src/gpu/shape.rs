@@ -72,7 +72,7 @@ pub(super) struct Shape {
     /// row_stats_verify's `block_verify` verifies the batch
     /// (`VerifierOptions::fused_verify_chunks`): a chain batch of at most that many chunk
     /// partials on row_stats' `block` without the optional sums (raw logprobs, typical
-    /// acceptance), not beside the early race. No verify dispatch; the block statistics hold the partials as words and a
+    /// acceptance). No verify dispatch; the block statistics hold the partials as words and a
     /// count per request after them, from word `Shape::partial_words`.
     pub verify_in_stats: bool,
     /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
@@ -139,12 +139,10 @@ impl Shape {
         let cut = CutShape::new(g, plan, &windows, filters);
         let settle_in_stats = settles && special & SPECIAL_WIDE != 0;
         // row_stats_verify is built for the load paths alone (no raw or entropy sums, not the
-        // all-greedy pipelines, which settle in row_stats or merge over wide workgroups). The
-        // early race runs beside row_stats only while nothing it binds is written there.
+        // all-greedy pipelines, which settle in row_stats or merge over wide workgroups).
         let chunks = plan.total_rows as u64 * u64::from(num_chunks);
         let verify_in_stats = chunks <= u64::from(g.fused_verify_chunks)
             && !tree
-            && !early
             && n > 0
             && !settle_in_stats
             && special & (SPECIAL_RAW | SPECIAL_ENTROPY | SPECIAL_MAX_ONLY | SPECIAL_WIDE) == 0;

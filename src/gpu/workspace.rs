@@ -282,7 +282,8 @@ impl GpuBackend {
             .iter()
             .map(|e| match &e.resource {
                 wgpu::BindingResource::Buffer(b) => {
-                    let own = ws.owns(b.buffer) || *b.buffer == self.dummy;
+                    let own =
+                        ws.owns(b.buffer) || *b.buffer == self.dummy || *b.buffer == self.dummy_rw;
                     let caller = !own && kept.callers.iter().any(|c| c == b.buffer);
                     callers |= caller;
                     let size = b.size.map_or(u64::MAX, |s| s.get());
