@@ -416,8 +416,7 @@ fn long_residual_blocks_match_the_twin() {
             }
             let want = cpu().verify_blocking(&b.batch()).unwrap();
             let got = v.verify_blocking(&b.batch()).unwrap();
-            let diff = twin_differences(&got, &want);
-            assert!(diff.is_empty(), "round {round}, kind {kind}: {diff:?}");
+            assert_matches_twin(&got, &want, format_args!("round {round}, kind {kind}"));
         }
     }
 }
@@ -448,8 +447,7 @@ fn many_residual_blocks_per_request_match_the_twin() {
         );
         let want = cpu().verify_blocking(&b.batch()).unwrap();
         let got = v.verify_blocking(&b.batch()).unwrap();
-        let diff = twin_differences(&got, &want);
-        assert!(diff.is_empty(), "kind {kind}: {diff:?}");
+        assert_matches_twin(&got, &want, format_args!("kind {kind}"));
     }
 }
 
@@ -604,10 +602,10 @@ fn params_as_immediates_and_as_uniform_slots_match_the_twin() {
         for (i, b) in batches.iter().enumerate() {
             let want = cpu().verify_blocking(&b.batch()).unwrap();
             let got = v.verify_blocking(&b.batch()).unwrap();
-            let diff = twin_differences(&got, &want);
-            assert!(
-                diff.is_empty(),
-                "immediates {immediates}, batch {i}: {diff:?}"
+            assert_matches_twin(
+                &got,
+                &want,
+                format_args!("immediates {immediates}, batch {i}"),
             );
         }
     }
@@ -663,10 +661,10 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
                     u64::from(fused),
                     "fused {fused}, windows {windows}, batch {i}"
                 );
-                let diff = twin_differences(&got, &want);
-                assert!(
-                    diff.is_empty(),
-                    "fused {fused}, windows {windows}, batch {i}: {diff:?}"
+                assert_matches_twin(
+                    &got,
+                    &want,
+                    format_args!("fused {fused}, windows {windows}, batch {i}"),
                 );
             }
             let before = v.fused_greedy_calls();
@@ -676,10 +674,10 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
                 before,
                 "a 71-row request goes to verify"
             );
-            let diff = twin_differences(&got, &cpu().verify_blocking(&long.batch()).unwrap());
-            assert!(
-                diff.is_empty(),
-                "fused {fused}, windows {windows}, long: {diff:?}"
+            assert_matches_twin(
+                &got,
+                &cpu().verify_blocking(&long.batch()).unwrap(),
+                format_args!("fused {fused}, windows {windows}, long"),
             );
         }
     }
@@ -772,8 +770,7 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
                 u64::from(takes),
                 "{setting}, batch {i} (the last has raw logprobs)"
             );
-            let diff = twin_differences(&got, &want);
-            assert!(diff.is_empty(), "{setting}, batch {i}: {diff:?}");
+            assert_matches_twin(&got, &want, format_args!("{setting}, batch {i}"));
         }
         if early {
             assert!(
@@ -818,8 +815,7 @@ fn requests_with_more_rows_than_lanes_match_the_twin() {
         let want = cpu().verify_blocking(&b.batch()).unwrap();
         assert_eq!(want.num_emitted[0], 71, "every greedy draft is the argmax");
         let got = g.verify_blocking(&b.batch()).unwrap();
-        let diff = twin_differences(&got, &want);
-        assert!(diff.is_empty(), "kind {kind}: {diff:?}");
+        assert_matches_twin(&got, &want, format_args!("kind {kind}"));
     }
 }
 
@@ -849,8 +845,7 @@ fn greedy_rows_of_many_partials_per_lane_match_the_twin() {
         "the twin accepts the second round's maximum and rejects the later tie"
     );
     let got = g.verify_blocking(&b.batch()).unwrap();
-    let diff = twin_differences(&got, &want);
-    assert!(diff.is_empty(), "{diff:?}");
+    assert_matches_twin(&got, &want, "many partials per lane");
 }
 
 #[test]
@@ -934,16 +929,16 @@ fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
             assert_eq!(want_half.tokens, want.tokens, "the planted maxima decide");
             for (name, g) in [("wide", &wide), ("64 lanes", &narrow)] {
                 let got = g.verify_blocking(&b.batch()).unwrap();
-                let diff = twin_differences(&got, &want);
-                assert!(
-                    diff.is_empty(),
-                    "{name}, V = {vocab}, round {round}: {diff:?}"
+                assert_matches_twin(
+                    &got,
+                    &want,
+                    format_args!("{name}, V = {vocab}, round {round}"),
                 );
                 let got = g.verify_blocking(&half).unwrap();
-                let diff = twin_differences(&got, &want_half);
-                assert!(
-                    diff.is_empty(),
-                    "{name}, bf16, V = {vocab}, round {round}: {diff:?}"
+                assert_matches_twin(
+                    &got,
+                    &want_half,
+                    format_args!("{name}, bf16, V = {vocab}, round {round}"),
                 );
             }
         }
@@ -988,10 +983,10 @@ fn a_reused_verifier_gives_every_request_its_residual_token() {
                     }
                     let want = cpu().verify_blocking(&b.batch()).unwrap();
                     let got = v.verify_blocking(&b.batch()).unwrap();
-                    let diff = twin_differences(&got, &want);
-                    assert!(
-                        diff.is_empty(),
-                        "{name}, round {round}, V {vocab}, ks {ks:?}, kind {kind}: {diff:?}"
+                    assert_matches_twin(
+                        &got,
+                        &want,
+                        format_args!("{name}, round {round}, V {vocab}, ks {ks:?}, kind {kind}"),
                     );
                 }
             }
@@ -1059,8 +1054,7 @@ fn bind_groups_over_the_callers_buffers_are_reused_for_those_buffers_only() {
     );
     let (bufs_a, bufs_b) = (in_buffers(&v, &a), in_buffers(&v, &b));
     let check = |o: &Owned, bufs, want: &VerifyOutput, what: &str| {
-        let diff = twin_differences(&verify_gpu_rows(&v, o, bufs), want);
-        assert!(diff.is_empty(), "{what}: {diff:?}");
+        assert_matches_twin(&verify_gpu_rows(&v, o, bufs), want, what);
         v.bind_group_counts()
     };
     let (first, kept) = check(&a, &bufs_a, &want_a, "first call over a");

@@ -341,7 +341,10 @@ impl GpuBackend {
             let masses = self.block_mass_groups(ws, &shape, &rows);
             let residual = self.residual_groups(ws, &shape, &rows);
             let early = self.early_race_groups(ws, &shape, &rows, &residual);
-            let verify = self.verify_group(ws, &shape);
+            // verify's group, where a verify entry runs: `main` unless row_stats settled or
+            // verified the batch, `block_settle` for block requests with a draft distribution.
+            let in_stats = shape.settle_in_stats || shape.verify_in_stats;
+            let verify = (!in_stats || shape.block_masses).then(|| self.verify_group(ws, &shape));
             let phases: [&dyn Fn(&mut wgpu::ComputePass<'_>); 4] = [
                 &|pass| {
                     // The cut-offs are timed with row_stats when profiling per kernel.
@@ -354,14 +357,15 @@ impl GpuBackend {
                 &|pass| {
                     // (Nothing where row_stats settled or verified the batch; the phase stays,
                     // empty, so that per-kernel timings keep their columns.)
-                    if !shape.settle_in_stats && !shape.verify_in_stats {
-                        self.record_verify(pass, &shape, &verify);
+                    let Some(verify) = &verify else { return };
+                    if !in_stats {
+                        self.record_verify(pass, &shape, verify);
                     }
                     if shape.block_masses {
                         // Block requests with a draft distribution: their masses R_j, then the
                         // joint decision (timed with verify when profiling per kernel).
                         self.record_block_mass(pass, &shape, &masses);
-                        self.record_block_settle(pass, &shape, &verify);
+                        self.record_block_settle(pass, &shape, verify);
                     }
                 },
                 &|pass| self.record_residual_blocks(pass, &shape, &residual, false),

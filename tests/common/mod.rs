@@ -103,6 +103,14 @@ pub fn twin_differences(gpu: &VerifyOutput, twin: &VerifyOutput) -> Vec<(usize, 
     out
 }
 
+/// Asserts that a GPU output has its twin's tokens, statuses, seeds and logprobs
+/// (`twin_differences` empty), naming the case in the failure.
+#[track_caller]
+pub fn assert_matches_twin(gpu: &VerifyOutput, twin: &VerifyOutput, case: impl std::fmt::Display) {
+    let diff = twin_differences(gpu, twin);
+    assert!(diff.is_empty(), "{case}: {diff:?}");
+}
+
 /// A GPU verifier on a device requested with exactly `limits` (not the adapter's maxima).
 pub fn with_limits(limits: wgpu::Limits) -> Result<Verifier, specdec::Error> {
     let adapter = specdec::select_adapter()?;
