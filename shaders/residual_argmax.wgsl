@@ -309,7 +309,13 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let in_window = task.kind != TASK_NONE && row >= params.row_begin
         && row < params.row_begin + params.row_count;
 
-    let st = row_stats[row];
+    // The early race reads no row statistics (log-domain keys: `c.st` only enters the linear
+    // keys), and where row_stats_verify runs beside it its bind group holds a dummy of one
+    // element at binding 4 (residual.rs, `early_race_groups`): no load there.
+    var st: RowStats;
+    if (!EARLY) {
+        st = row_stats[row];
+    }
     let inv_t = info.inv_temperature;
     let begin = block_id * params.block_len;
     var end = min(begin + params.block_len, params.vocab);
