@@ -22,6 +22,9 @@ pub const PARAMS_UNIFORM: &str = include_str!("../shaders/params_uniform.wgsl");
 /// The Params of the verification kernels as immediate data (needs `wgpu::Features::IMMEDIATES`).
 pub const PARAMS_IMMEDIATE: &str = include_str!("../shaders/params_immediate.wgsl");
 
+/// row_stats' statistics pass (`shaders/row_stats.wgsl`): [`Kernel::RowStats`]' body and a
+/// companion of [`Kernel::RowStatsVerify`].
+const ROW_STATS: &str = include_str!("../shaders/row_stats.wgsl");
 /// The merge, decisions and settling of one request, shared by [`Kernel::Verify`] and
 /// [`Kernel::RowStatsVerify`] (`shaders/verify_request.wgsl`).
 pub const VERIFY_REQUEST: &str = include_str!("../shaders/verify_request.wgsl");
@@ -124,7 +127,7 @@ impl Kernel {
     pub fn body(self) -> &'static str {
         match self {
             Kernel::Cutoff => include_str!("../shaders/cutoff.wgsl"),
-            Kernel::RowStats => include_str!("../shaders/row_stats.wgsl"),
+            Kernel::RowStats => ROW_STATS,
             Kernel::RowStatsVerify => include_str!("../shaders/row_stats_verify.wgsl"),
             Kernel::Verify => include_str!("../shaders/verify.wgsl"),
             Kernel::BlockMass => include_str!("../shaders/block_mass.wgsl"),
@@ -140,7 +143,7 @@ impl Kernel {
         match self {
             Kernel::RowStats => &[("partials_plain", PARTIALS_PLAIN)],
             Kernel::RowStatsVerify => &[
-                ("row_stats", include_str!("../shaders/row_stats.wgsl")),
+                ("row_stats", ROW_STATS),
                 ("partials_atomic", PARTIALS_ATOMIC),
                 ("verify_request", VERIFY_REQUEST),
             ],

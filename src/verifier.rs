@@ -62,8 +62,8 @@ pub struct VerifierOptions {
     /// `None` (the default) is 1,024 on adapters wgpu reports as discrete GPUs, where an H200's
     /// sampled GPU time took 0.85-0.98x up to 1,024 chunks and 1.03-1.44x above (the tail's
     /// workgroup memory and atomics cost every workgroup), and off elsewhere (not measured);
-    /// 0 turns it off. Needs a device that binds 14 storage buffers
-    /// per stage. Tuning only: the outputs are the same bits.
+    /// 0 turns it off. Needs a device that binds 14 storage buffers per stage. Tuning only: the
+    /// outputs are the same bits.
     pub fused_verify_chunks: Option<u32>,
     /// Invocations per workgroup of the residual pass; default 256, lowered to a power of two
     /// within the device's limits.

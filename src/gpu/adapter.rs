@@ -4,7 +4,8 @@
 
 use crate::error::Error;
 
-/// Storage buffers the widest kernel binds in one stage (residual_argmax: 7).
+/// Storage buffers every kernel but row_stats_verify fits in one stage (row_stats and
+/// residual_argmax bind 8).
 pub(super) const STORAGE_BUFFERS_NEEDED: u32 = 8;
 /// Storage buffers row_stats_verify binds (row_stats' eight and verify's six besides the
 /// requests); devices with fewer take verify's own dispatch.

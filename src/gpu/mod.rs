@@ -221,35 +221,17 @@ impl GpuBackend {
         })?;
         // The early race pays where a small batch leaves most of the GPU idle (measured on a
         // discrete H200); elsewhere it is off unless the options ask for it.
-        let early_race_entries = opts.early_race_entries.unwrap_or(
-            if info.device_type == wgpu::DeviceType::DiscreteGpu {
-                EARLY_RACE_ENTRIES
-            } else {
-                0
-            },
-        );
-        let wide_greedy_chunks = opts.wide_greedy_chunks.unwrap_or(
-            if info.device_type == wgpu::DeviceType::DiscreteGpu {
-                opts.target_workgroups / 8
-            } else {
-                0
-            },
-        );
+        let early_race_entries = opts
+            .early_race_entries
+            .unwrap_or(on_discrete(&info, EARLY_RACE_ENTRIES));
+        let wide_greedy_chunks = opts
+            .wide_greedy_chunks
+            .unwrap_or(on_discrete(&info, opts.target_workgroups / 8));
         // The same default as the wide reduction's: 1,024 chunks on discrete GPUs.
-        let fused_verify_chunks = opts.fused_verify_chunks.unwrap_or(
-            if info.device_type == wgpu::DeviceType::DiscreteGpu {
-                opts.target_workgroups / 8
-            } else {
-                0
-            },
-        );
-        let spin_wait =
-            opts.spin_wait
-                .unwrap_or(if info.device_type == wgpu::DeviceType::DiscreteGpu {
-                    SPIN_WAIT
-                } else {
-                    Duration::ZERO
-                });
+        let fused_verify_chunks = opts
+            .fused_verify_chunks
+            .unwrap_or(on_discrete(&info, opts.target_workgroups / 8));
+        let spin_wait = opts.spin_wait.unwrap_or(on_discrete(&info, SPIN_WAIT));
         Ok(GpuBackend {
             device,
             queue,
@@ -434,6 +416,17 @@ impl GpuBackend {
             return Error::DeviceLost { detail: reason };
         }
         Error::Gpu { detail }
+    }
+}
+
+/// `value` on adapters wgpu reports as discrete GPUs, else the default (0, off): the defaults of
+/// the tuning options measured only there (the early race, the wide reduction, the fused
+/// verify, polled reads).
+fn on_discrete<T: Default>(info: &wgpu::AdapterInfo, value: T) -> T {
+    if info.device_type == wgpu::DeviceType::DiscreteGpu {
+        value
+    } else {
+        T::default()
     }
 }
 

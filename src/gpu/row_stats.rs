@@ -132,11 +132,6 @@ impl GpuBackend {
         } else {
             ws.block_stats.get()
         };
-        let masses = if shape.block_masses {
-            ws.masses.get()
-        } else {
-            &self.dummy
-        };
         rows.iter()
             .map(|r| {
                 let mut entries = vec![
@@ -160,7 +155,7 @@ impl GpuBackend {
                     entry(11, ws.tasks.get()),
                     entry(12, ws.out.get()),
                     entry(13, ws.row_stats.get()),
-                    entry(14, masses),
+                    entry(14, self.block_masses(ws, shape)),
                 ]);
                 self.bind_group(
                     ws,

@@ -139,12 +139,12 @@ impl Shape {
         let cut = CutShape::new(g, plan, &windows, filters);
         let settle_in_stats = settles && special & SPECIAL_WIDE != 0;
         // row_stats_verify is built for the load paths alone (no raw or entropy sums, not the
-        // all-greedy pipelines, which settle in row_stats or merge over wide workgroups).
+        // all-greedy pipelines, which settle in row_stats or merge over wide workgroups: a batch
+        // that settles there is WIDE, so it never takes this path).
         let chunks = plan.total_rows as u64 * u64::from(num_chunks);
         let verify_in_stats = chunks <= u64::from(g.fused_verify_chunks)
             && !tree
             && n > 0
-            && !settle_in_stats
             && special & (SPECIAL_RAW | SPECIAL_ENTROPY | SPECIAL_MAX_ONLY | SPECIAL_WIDE) == 0;
         Shape {
             n,

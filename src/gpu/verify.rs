@@ -20,17 +20,22 @@ pub(super) fn layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 impl GpuBackend {
     /// verify's one bind group (it reads the whole batch through the first window's slot).
     pub(super) fn verify_group(&self, ws: &Workspace, shape: &Shape) -> wgpu::BindGroup {
-        let masses = if shape.block_masses {
-            ws.masses.get()
-        } else {
-            &self.dummy
-        };
         let tables = [
             ws.meta_part(ws.meta_at.draft_ids),
             ws.meta_part(ws.meta_at.rates),
-            masses.as_entire_buffer_binding(),
+            self.block_masses(ws, shape).as_entire_buffer_binding(),
         ];
         self.verify_group_over(ws, tables)
+    }
+
+    /// The block masses verify's block rule reads (block_mass' output) where the batch has
+    /// requests that need them, else the dummy: bound by verify and by row_stats_verify.
+    pub(super) fn block_masses<'a>(&'a self, ws: &'a Workspace, shape: &Shape) -> &'a wgpu::Buffer {
+        if shape.block_masses {
+            ws.masses.get()
+        } else {
+            &self.dummy
+        }
     }
 
     /// verify's bind group with `tables` at bindings 3, 4 and 8 (draft ids, rates, block
