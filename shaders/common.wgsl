@@ -222,11 +222,29 @@ fn widen(word: u32, i: u32, half_bits: u32) -> f32 {
     return f16_to_f32(h);
 }
 
+// The logprob pair of a slot that holds no token (and of a stop the residual pass settles).
+fn nan_pair() -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(0x7fc00000u));
+}
+
+// Whether a merged target row stops its request: NaN or +inf in the row, or no finite entry at
+// all (verify's and row_stats' settle alike).
+fn row_nonfinite(st: RowStats) -> bool {
+    return (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u || is_neg_inf(st.t_max);
+}
+
+// The output words of output slot `slot`'s two logprobs, for an output of `requests` requests of
+// `stride` slots: after the tokens (requests x stride), the counts and the statuses (requests
+// each), the processed then the raw logprob region (requests x stride each).
+fn logprob_words(requests: u32, stride: u32, slot: u32) -> vec2<u32> {
+    let base = requests * stride + 2u * requests + slot;
+    return vec2<u32>(base, base + requests * stride);
+}
+
 // The (processed, raw) logprobs of a token with logit `l` at a row with statistics `st`, NaN
 // where the request did not ask (twin: logprobs_of in src/cpu/verify.rs).
 fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
-    let nan = bitcast<f32>(0x7fc00000u);
-    var lp = vec2<f32>(nan, nan);
+    var lp = nan_pair();
     if ((info.flags & REQ_LOGPROBS) != 0u) {
         if ((info.flags & REQ_GREEDY) != 0u) {
             lp.x = 0.0; // a point mass at the argmax

@@ -445,17 +445,6 @@ var<workgroup> m_idx_p: atomic<u32>;
 var<workgroup> m_logit_r: f32;
 var<workgroup> m_logit_p: f32;
 
-// Writes the logprobs of output slot `slot` when the output has the logprob regions (as in
-// verify.wgsl).
-fn put_logprobs(slot: u32, lp: vec2<f32>) {
-    if ((params.flags & PARAM_LOGPROBS) == 0u) {
-        return;
-    }
-    let base = params.num_requests * params.out_stride + 2u * params.num_requests;
-    out_words[base + slot] = bitcast<u32>(lp.x);
-    out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
-}
-
 // One workgroup of 64 per request: the lanes load the block candidates in parallel, each keeps
 // the best of its share, and the workgroup takes the largest key and then the lowest index
 // holding it through atomics (the argmax with lowest-index ties does not depend on the order).

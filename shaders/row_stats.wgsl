@@ -398,7 +398,12 @@ fn write_chunk(job: RowJob, chunk: u32) {
 
 @compute @workgroup_size(64)
 fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let job = row_job(wid.x, wid.y);
+    stats_chunks(row_job(wid.x, wid.y), lane);
+}
+
+// A job's chunk partials through the plain half path or the word loads (block, and
+// row_stats_verify's block_verify).
+fn stats_chunks(job: RowJob, lane: u32) {
     if (PLAIN_F16 || PLAIN_BF16) {
         half_chunks(job, lane);
     } else {
@@ -511,13 +516,13 @@ fn settle_request(r: u32, info: ReqInfo, lane: u32) {
             st.t_arg = 0u;
         }
         // A draft row stops the request where it is non-finite or its draft is not the argmax.
-        if (lane < k && (settled_nonfinite(st) || drafted < 0 || u32(drafted) != st.t_arg)) {
+        if (lane < k && (row_nonfinite(st) || drafted < 0 || u32(drafted) != st.t_arg)) {
             atomicMin(&st_stop, lane);
         }
     }
     workgroupBarrier();
     let stop = atomicLoad(&st_stop);
-    let nan2 = vec2<f32>(bitcast<f32>(0x7fc00000u));
+    let nan2 = nan_pair();
     for (var j = lane; j < params.out_stride; j += WG) {
         if (j != stop) {
             // Accepted drafts (lane j holds row j), then -1 padding with NaN logprobs.
@@ -529,7 +534,7 @@ fn settle_request(r: u32, info: ReqInfo, lane: u32) {
         // The stop row: its argmax; a non-finite row gives its status and NaN logprobs.
         var status = 0u;
         var lp = logprobs_of(info, st, st.t_max);
-        if (settled_nonfinite(st)) {
+        if (row_nonfinite(st)) {
             status = select(STATUS_ALL_MASKED, STATUS_TARGET_NONFINITE, (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u);
             lp = nan2;
         }
@@ -540,19 +545,14 @@ fn settle_request(r: u32, info: ReqInfo, lane: u32) {
     }
 }
 
-// verify's row_nonfinite: NaN or +inf in the row, or no finite entry at all.
-fn settled_nonfinite(st: RowStats) -> bool {
-    return (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u || is_neg_inf(st.t_max);
-}
-
-// Output slot `slot`: its token and, where the output has them, its logprobs (verify's
-// put_logprobs layout).
+// Output slot `slot`: its token and, where the output has them, its logprobs (put_logprobs'
+// layout, through atomic words).
 fn settled_put(slot: u32, token: i32, lp: vec2<f32>) {
     atomicStore(&settle_words[slot], bitcast<u32>(token));
     if ((params.flags & PARAM_LOGPROBS) != 0u) {
-        let base = params.num_requests * params.out_stride + 2u * params.num_requests;
-        atomicStore(&settle_words[base + slot], bitcast<u32>(lp.x));
-        atomicStore(&settle_words[base + params.num_requests * params.out_stride + slot], bitcast<u32>(lp.y));
+        let w = logprob_words(params.num_requests, params.out_stride, slot);
+        atomicStore(&settle_words[w.x], bitcast<u32>(lp.x));
+        atomicStore(&settle_words[w.y], bitcast<u32>(lp.y));
     }
 }
 

@@ -3,13 +3,13 @@
 // specdec.row_stats_verify.block_verify.
 //
 // The module is row_stats.wgsl (the statistics, unchanged: the same chunks in the same order,
-// so the same partials), partials_atomic.wgsl (the partials as atomic words) and
-// verify_request.wgsl (verify's `main`, as a function), then this entry. Each workgroup computes
-// its chunks' partials as `block` does, then counts itself for its request (a count per request
-// after the partials, which the host zeroes before the pass). The workgroup that brings the
-// count to the request's total, stats_blocks x its rows, verifies the request exactly as verify's
-// `main` would: the same merge of the partials in the statistics contract's order, the same
-// decisions, the same tasks, rows and output. The host then dispatches no verify: one dispatch
+// so the same partials), partials_atomic.wgsl (the partials as atomic words),
+// verify_request.wgsl (verify's `main`, as a function) and put_logprobs.wgsl, then this entry.
+// Each workgroup computes its chunks' partials as `block` does, then counts itself for its
+// request (a count per request after the partials, which the host zeroes before the pass). The
+// workgroup that brings the count to the request's total, stats_blocks x its rows, verifies
+// the request exactly as verify's `main` would: the same merge of the partials in the
+// statistics contract's order, the same decisions, the same tasks, rows and output. The host then dispatches no verify: one dispatch
 // boundary and verify's own chain of loads fewer per call (as block_wide_settle does for
 // all-greedy batches). The host takes this kernel only where the device binds its fourteen
 // storage buffers (`Shape::verify_in_stats`).
@@ -31,11 +31,7 @@ var<workgroup> rv_last: u32;
 @compute @workgroup_size(64)
 fn block_verify(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let job = row_job(wid.x, wid.y);
-    if (PLAIN_F16 || PLAIN_BF16) {
-        half_chunks(job, lane);
-    } else {
-        word_chunks(job, lane);
-    }
+    stats_chunks(job, lane);
     let r = row_info[job.row].x;
     let rows = requests[r].num_drafts + 1u;
     // Publish this workgroup's partials, then count it; the last of the request's

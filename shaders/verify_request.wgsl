@@ -101,11 +101,6 @@ fn drafted_values(row: u32, drafted: i32) -> vec2<f32> {
     return load_drafted_values(row * params.num_chunks + u32(drafted) / CHUNK);
 }
 
-// The logprob pair of a slot that holds no token (and of a stop the residual pass settles).
-fn nan_pair() -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(0x7fc00000u));
-}
-
 // The drafted token at row i of a request (-1 at the bonus row).
 fn drafted_at(info: ReqInfo, i: u32) -> i32 {
     if (i < info.num_drafts) {
@@ -125,10 +120,6 @@ fn record_row(info: ReqInfo, i: u32, st: RowStats, drafted: i32, check_draft: bo
     if (draft_row && !row_outcome(info, i, st, drafted).accept) {
         atomicMin(&first_stop, i);
     }
-}
-
-fn row_nonfinite(st: RowStats) -> bool {
-    return (st.flags & (ROW_T_NAN | ROW_T_POSINF)) != 0u || is_neg_inf(st.t_max);
 }
 
 fn draft_row_nonfinite(st: RowStats) -> bool {
@@ -206,16 +197,6 @@ fn row_outcome(info: ReqInfo, i: u32, st: RowStats, d: i32) -> Outcome {
         o.accept = d >= 0 && q_d > 0.0 && u * q_d < p_d;
     }
     return o;
-}
-
-// Writes the logprobs of output slot `slot` when the output has the logprob regions.
-fn put_logprobs(slot: u32, lp: vec2<f32>) {
-    if ((params.flags & PARAM_LOGPROBS) == 0u) {
-        return;
-    }
-    let base = params.num_requests * params.out_stride + 2u * params.num_requests;
-    out_words[base + slot] = bitcast<u32>(lp.x);
-    out_words[base + params.num_requests * params.out_stride + slot] = bitcast<u32>(lp.y);
 }
 
 // q(d) at a draft row for the block rule's ratio p(d) / q(d): 1 for one-hot drafts, the

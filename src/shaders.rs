@@ -28,6 +28,10 @@ const ROW_STATS: &str = include_str!("../shaders/row_stats.wgsl");
 /// The merge, decisions and settling of one request, shared by [`Kernel::Verify`] and
 /// [`Kernel::RowStatsVerify`] (`shaders/verify_request.wgsl`).
 pub const VERIFY_REQUEST: &str = include_str!("../shaders/verify_request.wgsl");
+/// The logprob writer `put_logprobs`, shared by the kernels that write the output words
+/// ([`Kernel::Verify`], [`Kernel::RowStatsVerify`], [`Kernel::ResidualArgmax`];
+/// `shaders/put_logprobs.wgsl`).
+pub const PUT_LOGPROBS: &str = include_str!("../shaders/put_logprobs.wgsl");
 /// row_stats' chunk partials as plain structs ([`Kernel::RowStats`]).
 pub const PARTIALS_PLAIN: &str = include_str!("../shaders/partials_plain.wgsl");
 /// row_stats' chunk partials as atomic words ([`Kernel::RowStatsVerify`]).
@@ -146,8 +150,13 @@ impl Kernel {
                 ("row_stats", ROW_STATS),
                 ("partials_atomic", PARTIALS_ATOMIC),
                 ("verify_request", VERIFY_REQUEST),
+                ("put_logprobs", PUT_LOGPROBS),
             ],
-            Kernel::Verify => &[("verify_request", VERIFY_REQUEST)],
+            Kernel::Verify => &[
+                ("verify_request", VERIFY_REQUEST),
+                ("put_logprobs", PUT_LOGPROBS),
+            ],
+            Kernel::ResidualArgmax => &[("put_logprobs", PUT_LOGPROBS)],
             _ => &[],
         }
     }
