@@ -4,14 +4,15 @@
 //
 // The module is row_stats.wgsl (the statistics, unchanged: the same chunks in the same order,
 // so the same partials), partials_atomic.wgsl (the partials as atomic words),
-// verify_request.wgsl (verify's `main`, as a function) and put_logprobs.wgsl, then this entry.
-// Each workgroup computes its chunks' partials as `block` does, then counts itself for its
-// request (a count per request after the partials, which the host zeroes before the pass). The
-// workgroup that brings the count to the request's total, stats_blocks x its rows, verifies
-// the request exactly as verify's `main` would: the same merge of the partials in the
-// statistics contract's order, the same decisions, the same tasks, rows and output. The host then dispatches no verify: one dispatch
-// boundary and verify's own chain of loads fewer per call (as block_wide_settle does for
-// all-greedy batches). The host takes this kernel only where the device binds its fourteen
+// verify_request.wgsl (verify's `main`, as a function), put_logprobs.wgsl and the row-run
+// folds' slots (verify_runs_own.wgsl, or verify_runs_lanes.wgsl past SHARED_RUNS_FROM_CHUNKS
+// chunks), then this entry. Each workgroup computes its chunks' partials as `block` does, then
+// counts itself for its request (a count per request after the partials, which the host zeroes
+// before the pass). The workgroup that brings the count to the request's total, stats_blocks x
+// its rows, verifies the request exactly as verify's `main` would: the same merge of the
+// partials in the statistics contract's order, the same decisions, the same tasks, rows and
+// output. The host then dispatches no verify: one dispatch boundary and verify's own chain of
+// loads fewer per call (as block_wide_settle does for all-greedy batches). The host takes this kernel only where the device binds its fourteen
 // storage buffers (`Shape::verify_in_stats`).
 
 // The bindings verify_request.wgsl names besides requests (binding 3, row_stats.wgsl): verify's

@@ -57,7 +57,8 @@ fn load_drafted_values(i: u32) -> vec2<f32> {
     return vec2<f32>(holder.t_at_d, holder.q_at_d);
 }
 
-// The merge, the decisions and the settling: verify_request.wgsl (appended to this file).
+// The merge, the decisions and the settling: verify_request.wgsl, with put_logprobs.wgsl and
+// verify_runs_own.wgsl (appended to this file).
 
 @compute @workgroup_size(VERIFY_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {

@@ -4,7 +4,9 @@
 // the bindings it names (params, requests, draft_ids, rates, tasks, out_words, row_stats,
 // masses), the RAW_SUMS / ENTROPY overrides, `load_partial(i)`: chunk partial i (row-major,
 // num_chunks per row) as row_stats wrote it, at least the fields the merge folds, and
-// `load_drafted_values(i)`: its values at the drafted token (t_at_d, q_at_d).
+// `load_drafted_values(i)`: its values at the drafted token (t_at_d, q_at_d), and the workgroup
+// slots of the row-run folds (one a lane, 64): `put_run(i, st)` and `run_at(i)`, which gives back
+// at least the fields `fold` reads and load_partial's t_at_d / q_at_d.
 
 // Folds chunk partial `o` into `acc` (chunk order: `acc` holds the chunks before `o`).
 fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
@@ -423,9 +425,6 @@ fn settle_from_registers(r: u32, lane: u32, info: ReqInfo, mine: MergedRow, stop
     }
 }
 
-// One row-run fold per lane of `main` (rows × runs at a time, runs ≤ 8).
-var<workgroup> run_sh: array<RowStats, 64>;
-
 // Verifies request r with the calling workgroup's VERIFY_WG lanes (every lane calls it, in
 // uniform control flow: it holds the barriers): its rows' chunk partials merged, each draft
 // decided, and the request settled (or left to block_mass / the residual pass).
@@ -472,13 +471,13 @@ fn verify_request(r: u32, lane: u32) {
             at_d = drafted_values(info.row_offset + own, drafted);
         }
         if (lane < rows_per * runs && i <= k) {
-            run_sh[lane] = fold_run(info.row_offset + i, c0, min(c0 + run, n), !greedy, info.inv_temperature);
+            put_run(lane, fold_run(info.row_offset + i, c0, min(c0 + run, n), !greedy, info.inv_temperature));
         }
         workgroupBarrier();
         if (owner) {
-            var acc = run_sh[lane * runs];
+            var acc = run_at(lane * runs);
             for (var j = 1u; j < runs; j += 1u) {
-                acc = fold(acc, run_sh[lane * runs + j], !greedy, info.inv_temperature);
+                acc = fold(acc, run_at(lane * runs + j), !greedy, info.inv_temperature);
             }
             let st = finish_row(acc, drafted, at_d);
             record_row(info, own, st, drafted, params.draft_kind == DRAFT_LOGITS);

@@ -32,6 +32,14 @@ pub const VERIFY_REQUEST: &str = include_str!("../shaders/verify_request.wgsl");
 /// ([`Kernel::Verify`], [`Kernel::RowStatsVerify`], [`Kernel::ResidualArgmax`];
 /// `shaders/put_logprobs.wgsl`).
 pub const PUT_LOGPROBS: &str = include_str!("../shaders/put_logprobs.wgsl");
+/// verify_request's row-run folds in a workgroup array of their own ([`Kernel::Verify`], and
+/// [`Kernel::RowStatsVerify`] up to its `SPECIAL_SHARED_RUNS` pipelines;
+/// `shaders/verify_runs_own.wgsl`).
+pub const VERIFY_RUNS_OWN: &str = include_str!("../shaders/verify_runs_own.wgsl");
+/// verify_request's row-run folds in row_stats' lane arrays ([`Kernel::RowStatsVerify`]'s
+/// text for its `SPECIAL_SHARED_RUNS` pipelines, [`Kernel::source_with`];
+/// `shaders/verify_runs_lanes.wgsl`).
+pub const VERIFY_RUNS_LANES: &str = include_str!("../shaders/verify_runs_lanes.wgsl");
 /// row_stats' chunk partials as plain structs ([`Kernel::RowStats`]).
 pub const PARTIALS_PLAIN: &str = include_str!("../shaders/partials_plain.wgsl");
 /// row_stats' chunk partials as atomic words ([`Kernel::RowStatsVerify`]).
@@ -151,10 +159,12 @@ impl Kernel {
                 ("partials_atomic", PARTIALS_ATOMIC),
                 ("verify_request", VERIFY_REQUEST),
                 ("put_logprobs", PUT_LOGPROBS),
+                ("verify_runs_own", VERIFY_RUNS_OWN),
             ],
             Kernel::Verify => &[
                 ("verify_request", VERIFY_REQUEST),
                 ("put_logprobs", PUT_LOGPROBS),
+                ("verify_runs_own", VERIFY_RUNS_OWN),
             ],
             Kernel::ResidualArgmax => &[("put_logprobs", PUT_LOGPROBS)],
             _ => &[],
@@ -216,6 +226,15 @@ impl Kernel {
     /// replaces the built-in kernel body, and `<kernel>.<stem>.wgsl` or `<stem>.wgsl` a companion
     /// (to time shader experiments on a device without rebuilding). Never set it in production.
     pub fn source(self, variant: Variant) -> String {
+        self.source_with(variant, false)
+    }
+
+    /// [`Kernel::source`], and with `lane_runs` row_stats_verify's other text: verify's row-run
+    /// folds in row_stats' lane arrays (`verify_runs_lanes` in place of `verify_runs_own`), the
+    /// module of its `SPECIAL_SHARED_RUNS` pipelines. A module of its own, not an `override`
+    /// branch: a pipeline allocates every workgroup array its module declares, also one its
+    /// constants rule out (H200). Other kernels ignore `lane_runs`.
+    pub fn source_with(self, variant: Variant, lane_runs: bool) -> String {
         let mul_wide = if variant.int64 {
             MUL_WIDE_INT64
         } else {
@@ -239,7 +258,13 @@ impl Kernel {
         let companions: Vec<String> = self
             .companions()
             .iter()
-            .map(|&(stem, src)| {
+            .map(
+                |&(stem, src)| match (stem, lane_runs && self == Kernel::RowStatsVerify) {
+                    ("verify_runs_own", true) => ("verify_runs_lanes", VERIFY_RUNS_LANES),
+                    _ => (stem, src),
+                },
+            )
+            .map(|(stem, src)| {
                 shader_dir_file(&format!("{}.{stem}", self.name()))
                     .or_else(|| shader_dir_file(stem))
                     .unwrap_or_else(|| src.to_string())
@@ -258,12 +283,14 @@ fn shader_dir_file(stem: &str) -> Option<String> {
 }
 
 /// Parses and validates every kernel's portable variant with naga (no GPU needed). Returns the
-/// validated modules.
+/// validated modules: one per kernel in [`Kernel::ALL`]'s order, then row_stats_verify's second
+/// text ([`Kernel::source_with`] with `lane_runs`).
 pub fn validate_all() -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleInfo)>, String> {
     validate_variant(Variant::default())
 }
 
-/// Parses and validates every kernel of `variant`, with the naga capabilities it needs.
+/// Parses and validates every kernel of `variant`, with the naga capabilities it needs (the
+/// modules of [`validate_all`]).
 pub fn validate_variant(
     variant: Variant,
 ) -> Result<Vec<(Kernel, naga::Module, naga::valid::ModuleInfo)>, String> {
@@ -277,10 +304,13 @@ pub fn validate_variant(
     if variant.immediates {
         caps |= naga::valid::Capabilities::IMMEDIATES;
     }
-    Kernel::ALL
-        .iter()
-        .map(|&k| {
-            let src = k.source(variant);
+    // Every kernel's text, then row_stats_verify's other one (its lane_runs pipelines).
+    let texts = Kernel::ALL.iter().map(|&k| (k, k.source(variant))).chain([(
+        Kernel::RowStatsVerify,
+        Kernel::RowStatsVerify.source_with(variant, true),
+    )]);
+    texts
+        .map(|(k, src)| {
             let module = naga::front::wgsl::parse_str(&src)
                 .map_err(|e| format!("{}.wgsl: {}", k.name(), e.emit_to_string(&src)))?;
             let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

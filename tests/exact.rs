@@ -691,7 +691,8 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
     // requests (one-hot: decided at once; with a draft distribution: left to block_mass and
     // block_settle), synthetic rates, -1 drafts, 0-draft requests, a request of 71 rows (more
     // than the workgroup's lanes), rows with a NaN, a +inf or nothing but -inf, logprobs asked
-    // by some requests, and several windows (a request's workgroups in several dispatches).
+    // by some requests, several windows (a request's workgroups in several dispatches), and a
+    // batch past 1,024 chunk partials (verify's folds in row_stats' lane arrays).
     // Both settings must give the twin's outputs, and the fused one must take the path wherever
     // the device binds its 14 storage buffers (batches with raw logprobs fall back to verify).
     let Some(_) = gpu() else { return };
@@ -741,6 +742,17 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
     synthetic.rates = Some((0..9).map(|i| [0.0, 1.0, 0.5][i % 3]).collect());
     batches.push(synthetic);
     batches.push(Owned::random(&mut gen, V, &[2, 70], &[0.9], 2, 0.9));
+    // Past 1,024 chunk partials (366 rows of 3 chunks) the fused tail keeps its row-run folds
+    // in row_stats' lane arrays (`SHARED_RUNS`); draft logits, so the draft softmax is folded
+    // there too.
+    batches.push(Owned::random(
+        &mut gen,
+        V,
+        &[60, 60, 60, 60, 60, 60],
+        &[0.9, 1.0],
+        2,
+        0.7,
+    ));
     let mut raw = Owned::random(&mut gen, V, &[2, 3], &[1.0], 1, 0.5);
     raw.requests[0].params = raw.requests[0].params.with_logprobs(true);
     // (fused, row windows, early race): the early race beside row_stats takes the one-hot batch

@@ -118,6 +118,11 @@ pub enum Timestamps<'a> {
 /// where an H200 stopped gaining from the early race (`docs/performance.md`).
 const EARLY_RACE_ENTRIES: u64 = 1_250_000;
 
+/// `VerifierOptions::fused_verify_chunks` on a discrete GPU when the options leave it `None`:
+/// an H200 gained up to 1,520 chunks (0.87-0.99x from 1,280, with verify's folds in row_stats'
+/// lane arrays there) and lost from 2,048 (1.00-1.11x; `docs/performance.md`).
+const FUSED_VERIFY_CHUNKS: u32 = 1536;
+
 /// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
 /// the whole calls measured on an H200 up to 128 requests of 4 drafts (60-350 µs,
 /// `benches/results/nvidia-h200-vulkan-spin-wait.csv`).
@@ -227,10 +232,10 @@ impl GpuBackend {
         let wide_greedy_chunks = opts
             .wide_greedy_chunks
             .unwrap_or(on_discrete(&info, opts.target_workgroups / 8));
-        // The same default as the wide reduction's: 1,024 chunks on discrete GPUs.
+        // 1,536 chunks on discrete GPUs (`VerifierOptions::fused_verify_chunks`).
         let fused_verify_chunks = opts
             .fused_verify_chunks
-            .unwrap_or(on_discrete(&info, opts.target_workgroups / 8));
+            .unwrap_or(on_discrete(&info, FUSED_VERIFY_CHUNKS));
         let spin_wait = opts.spin_wait.unwrap_or(on_discrete(&info, SPIN_WAIT));
         Ok(GpuBackend {
             device,

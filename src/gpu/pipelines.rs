@@ -44,6 +44,12 @@ pub(super) const SPECIAL_EARLY: u32 = 128;
 /// same bits.
 pub(super) const SPECIAL_WIDE: u32 = 256;
 
+/// row_stats_verify specialisation: verify's row-run folds kept in row_stats' lane arrays
+/// instead of an array of their own, so the pass's workgroups allocate less workgroup memory
+/// (`Shape::shared_runs`). Not an `override`: these pipelines come from a text of their own
+/// (`Kernel::source_with`).
+pub(super) const SPECIAL_SHARED_RUNS: u32 = 512;
+
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
 /// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
@@ -60,9 +66,19 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // SPECIAL_WIDE only without them (an all-greedy batch without raw sums).
         Kernel::Verify => &[0, 1, 2, 3, SPECIAL_WIDE],
         // row_stats with verify in its last workgroups: the load paths without the optional
-        // sums (batches with raw logprobs or typical acceptance take verify's dispatch), so
-        // building a device compiles four more row_stats pipelines, not sixteen.
-        Kernel::RowStatsVerify => &[0, SPECIAL_PLAIN_F32, SPECIAL_PLAIN_F16, SPECIAL_PLAIN_BF16],
+        // sums (batches with raw logprobs or typical acceptance take verify's dispatch), each
+        // with verify's folds in an array of their own or in row_stats' lane arrays, so
+        // building a device compiles eight more row_stats pipelines, not thirty-two.
+        Kernel::RowStatsVerify => &[
+            0,
+            SPECIAL_PLAIN_F32,
+            SPECIAL_PLAIN_F16,
+            SPECIAL_PLAIN_BF16,
+            SPECIAL_SHARED_RUNS,
+            SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_F32,
+            SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_F16,
+            SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_BF16,
+        ],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
         // `docs/performance.md`); residual_argmax also without the linear keys' code, and
@@ -155,16 +171,21 @@ pub(super) fn build_pipelines(
             continue;
         }
         let label = format!("specdec.{}", kernel.name());
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(kernel.source(variant).into()),
-        };
-        // SAFETY: the checks only guard against out-of-bounds indices and unbounded loops.
-        // Every index of our kernels stays below sizes the host validates before a call
-        // (`checks.rs`, the window plan), and every loop runs to a bound taken from those sizes,
-        // so dropping the checks (`VerifierOptions::shader_checks`) changes no access.
         let checks = checks.unwrap_or_else(|| default_checks(kernel));
-        let module = unsafe { device.create_shader_module_trusted(desc, checks) };
+        let module_of = |lane_runs: bool| {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(kernel.source_with(variant, lane_runs).into()),
+            };
+            // SAFETY: the checks only guard against out-of-bounds indices and unbounded loops.
+            // Every index of our kernels stays below sizes the host validates before a call
+            // (`checks.rs`, the window plan), and every loop runs to a bound taken from those
+            // sizes, so dropping the checks (`VerifierOptions::shader_checks`) changes no access.
+            unsafe { device.create_shader_module_trusted(desc, checks) }
+        };
+        let module = module_of(false);
+        // row_stats_verify's SPECIAL_SHARED_RUNS pipelines come from its second text.
+        let lane_runs = (kernel == Kernel::RowStatsVerify).then(|| module_of(true));
         // With Params as immediate data the layout has no binding 0, and the pipeline layout
         // holds the immediate data instead.
         let immediates = variant.immediates && kernel.takes_params();
@@ -193,7 +214,10 @@ pub(super) fn build_pipelines(
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&format!("{label}.{entry}")),
                 layout: Some(&pl),
-                module: &module,
+                module: match &lane_runs {
+                    Some(m) if special & SPECIAL_SHARED_RUNS != 0 => m,
+                    _ => &module,
+                },
                 entry_point: Some(entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,

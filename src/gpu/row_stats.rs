@@ -180,7 +180,12 @@ impl GpuBackend {
             (true, false) => (Kernel::RowStats, "block_wide"),
             _ => (Kernel::RowStats, "block"),
         };
-        pass.set_pipeline(self.special_pipeline(kernel, entry, shape.special));
+        let special = if shape.shared_runs {
+            shape.special | super::pipelines::SPECIAL_SHARED_RUNS
+        } else {
+            shape.special
+        };
+        pass.set_pipeline(self.special_pipeline(kernel, entry, special));
         for (i, w) in shape.windows.iter().enumerate() {
             shape.slots.bind(pass, &groups[i], i);
             pass.dispatch_workgroups(shape.stats_blocks, (w.row_end - w.row_begin) as u32, 1);

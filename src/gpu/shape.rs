@@ -20,6 +20,13 @@ use crate::layout::*;
 /// cover them (`docs/performance.md`).
 const WIDE_VERIFY_PARTIALS: u64 = 128;
 
+/// Chunk partials of a batch verified in row_stats (`Shape::verify_in_stats`) above which
+/// verify's row-run folds go to row_stats' lane arrays (`Shape::shared_runs`). On an H200, with
+/// the folds there, batches of 1,280-1,520 chunks took 0.87-0.99x of verify's own dispatch
+/// (1.03-1.11x with an array of their own), while up to 1,024 chunks the array of their own is
+/// 1.01x faster (`docs/performance.md`).
+const SHARED_RUNS_FROM_CHUNKS: u64 = 1024;
+
 /// What the passes of one verification dispatch.
 pub(super) struct Shape {
     /// Requests.
@@ -75,6 +82,10 @@ pub(super) struct Shape {
     /// acceptance). No verify dispatch; the block statistics hold the partials as words and a
     /// count per request after them, from word `Shape::partial_words`.
     pub verify_in_stats: bool,
+    /// With `verify_in_stats`, a batch of more than `SHARED_RUNS_FROM_CHUNKS` chunk partials:
+    /// row_stats_verify's `SPECIAL_SHARED_RUNS` pipeline keeps verify's row-run folds in
+    /// row_stats' lane arrays.
+    pub shared_runs: bool,
     /// The early race (`SPECIAL_EARLY`): residual_argmax's `block` races every row of every
     /// sampled request beside row_stats, one candidate row per (request, local row).
     pub early: bool,
@@ -176,6 +187,7 @@ impl Shape {
             tree,
             settle_in_stats,
             verify_in_stats,
+            shared_runs: verify_in_stats && chunks > SHARED_RUNS_FROM_CHUNKS,
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
