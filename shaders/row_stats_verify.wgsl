@@ -12,8 +12,8 @@
 // its rows, verifies the request exactly as verify's `main` would: the same merge of the
 // partials in the statistics contract's order, the same decisions, the same tasks, rows and
 // output. The host then dispatches no verify: one dispatch boundary and verify's own chain of
-// loads fewer per call (as block_wide_settle does for all-greedy batches). The host takes this kernel only where the device binds its fourteen
-// storage buffers (`Shape::verify_in_stats`).
+// loads fewer per call (as block_wide_settle does for all-greedy batches). The host takes this
+// kernel only where the device binds its fourteen storage buffers (`Shape::verify_in_stats`).
 
 // The bindings verify_request.wgsl names besides requests (binding 3, row_stats.wgsl): verify's
 // draft ids, rates, tasks, output, merged rows and block masses.

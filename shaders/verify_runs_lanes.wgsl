@@ -4,7 +4,7 @@
 // workgroupUniformLoad is a barrier after their last use). Every workgroup of the pass
 // allocates the workgroup memory the module declares, though only the last of each request
 // runs the tail: without an array of its own for the folds (3 KB), an H200 verified batches of
-// 1,280-1,520 chunks here at 0.87-0.99x of verify's own dispatch, and at 1.08-1.17x with it,
+// 1,280-1,520 chunks here at 0.93-1.00x of verify's own dispatch, and at 1.07-1.17x with it,
 // even where the array sat in a branch the pipeline's constants ruled out. Smaller batches keep
 // verify_runs_own.wgsl, 1.01x faster there. The fields are those load_partial loads; the others
 // are 0, as it leaves them.

@@ -60,7 +60,7 @@ pub struct VerifierOptions {
     /// partials and decides its drafts exactly as the verify kernel would, so verify is not
     /// dispatched (the early race, `early_race_entries`, still runs beside the statistics pass).
     /// `None` (the default) is 1,536 on adapters wgpu reports as discrete GPUs, where an H200's
-    /// sampled GPU time took 0.85-0.98x up to 1,024 chunks, 0.87-0.99x from 1,280 to 1,520
+    /// sampled GPU time took 0.85-0.98x up to 1,024 chunks, 0.93-1.00x from 1,280 to 1,520
     /// (verify's folds kept in row_stats' lane arrays there) and 1.00-1.11x from 2,048 (the
     /// tail's workgroup memory and atomics cost every workgroup), and off elsewhere (not measured);
     /// 0 turns it off. Needs a device that binds 14 storage buffers per stage. Tuning only: the

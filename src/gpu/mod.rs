@@ -119,7 +119,7 @@ pub enum Timestamps<'a> {
 const EARLY_RACE_ENTRIES: u64 = 1_250_000;
 
 /// `VerifierOptions::fused_verify_chunks` on a discrete GPU when the options leave it `None`:
-/// an H200 gained up to 1,520 chunks (0.87-0.99x from 1,280, with verify's folds in row_stats'
+/// an H200 gained up to 1,520 chunks (0.93-1.00x from 1,280, with verify's folds in row_stats'
 /// lane arrays there) and lost from 2,048 (1.00-1.11x; `docs/performance.md`).
 const FUSED_VERIFY_CHUNKS: u32 = 1536;
 

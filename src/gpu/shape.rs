@@ -22,9 +22,9 @@ const WIDE_VERIFY_PARTIALS: u64 = 128;
 
 /// Chunk partials of a batch verified in row_stats (`Shape::verify_in_stats`) above which
 /// verify's row-run folds go to row_stats' lane arrays (`Shape::shared_runs`). On an H200, with
-/// the folds there, batches of 1,280-1,520 chunks took 0.87-0.99x of verify's own dispatch
-/// (1.03-1.11x with an array of their own), while up to 1,024 chunks the array of their own is
-/// 1.01x faster (`docs/performance.md`).
+/// the folds there, batches of 1,280-1,520 chunks took 0.93-1.00x of verify's own dispatch
+/// (1.07-1.17x with the array of their own declared), while up to 1,024 chunks the array of
+/// their own is 1.01x faster (`docs/performance.md`).
 const SHARED_RUNS_FROM_CHUNKS: u64 = 1024;
 
 /// What the passes of one verification dispatch.
