@@ -153,6 +153,53 @@ impl Default for VerifierOptions {
     }
 }
 
+/// `VerifierOptions::early_race_entries` on a discrete GPU when the options leave it `None`:
+/// where an H200 stopped gaining from the early race (`docs/performance.md`).
+const EARLY_RACE_ENTRIES: u64 = 1_250_000;
+
+/// `VerifierOptions::fused_verify_chunks` on a discrete GPU when the options leave it `None`:
+/// an H200 gained up to 1,520 chunks (0.93-1.00x from 1,280, with verify's folds in row_stats'
+/// lane arrays there) and lost from 2,048 (1.00-1.11x; `docs/performance.md`).
+const FUSED_VERIFY_CHUNKS: u32 = 1536;
+
+/// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
+/// the whole calls measured on an H200 up to 128 requests of 4 drafts (60-350 µs,
+/// `benches/results/nvidia-h200-vulkan-spin-wait.csv`).
+const SPIN_WAIT: Duration = Duration::from_millis(1);
+
+impl VerifierOptions {
+    /// These options with the tuning of discrete GPUs filled in wherever they leave it `None`:
+    /// `early_race_entries` 1,250,000, `wide_greedy_chunks` `target_workgroups / 8` (1,024),
+    /// `fused_verify_chunks` 1,536 and `spin_wait` 1 ms; fields already set are kept.
+    ///
+    /// A GPU verifier applies this by itself on adapters wgpu reports as discrete GPUs, and
+    /// leaves those options off elsewhere. Calling it applies the same tuning on any adapter: an
+    /// integrated GPU to try against its defaults (`specdec bench` takes each option), or a
+    /// software adapter, where the test suite runs the discrete GPUs' code paths with
+    /// `SPECDEC_TEST_TUNING=discrete`. Tuning only: the outputs are the same bits either way.
+    ///
+    /// ```
+    /// use specdec::VerifierOptions;
+    /// let opts = VerifierOptions {
+    ///     fused_verify_chunks: Some(0), // set: kept (the fused verify stays off)
+    ///     ..VerifierOptions::default()
+    /// }
+    /// .with_discrete_tuning();
+    /// assert_eq!(opts.fused_verify_chunks, Some(0));
+    /// assert_eq!(opts.early_race_entries, Some(1_250_000));
+    /// assert_eq!(opts.wide_greedy_chunks, Some(1024));
+    /// assert_eq!(opts.spin_wait, Some(std::time::Duration::from_millis(1)));
+    /// ```
+    pub fn with_discrete_tuning(mut self) -> Self {
+        self.early_race_entries.get_or_insert(EARLY_RACE_ENTRIES);
+        self.wide_greedy_chunks
+            .get_or_insert(self.target_workgroups / 8);
+        self.fused_verify_chunks.get_or_insert(FUSED_VERIFY_CHUNKS);
+        self.spin_wait.get_or_insert(SPIN_WAIT);
+        self
+    }
+}
+
 enum Backend {
     Cpu(TwinShape),
     Gpu(Box<GpuBackend>),

@@ -114,20 +114,6 @@ pub enum Timestamps<'a> {
     },
 }
 
-/// `VerifierOptions::early_race_entries` on a discrete GPU when the options leave it `None`:
-/// where an H200 stopped gaining from the early race (`docs/performance.md`).
-const EARLY_RACE_ENTRIES: u64 = 1_250_000;
-
-/// `VerifierOptions::fused_verify_chunks` on a discrete GPU when the options leave it `None`:
-/// an H200 gained up to 1,520 chunks (0.93-1.00x from 1,280, with verify's folds in row_stats'
-/// lane arrays there) and lost from 2,048 (1.00-1.11x; `docs/performance.md`).
-const FUSED_VERIFY_CHUNKS: u32 = 1536;
-
-/// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
-/// the whole calls measured on an H200 up to 128 requests of 4 drafts (60-350 µs,
-/// `benches/results/nvidia-h200-vulkan-spin-wait.csv`).
-const SPIN_WAIT: Duration = Duration::from_millis(1);
-
 /// The device, its pipelines and the workspace pool.
 pub(crate) struct GpuBackend {
     pub device: wgpu::Device,
@@ -224,19 +210,19 @@ impl GpuBackend {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
             (layouts, pipelines, dummies(&device))
         })?;
-        // The early race pays where a small batch leaves most of the GPU idle (measured on a
-        // discrete H200); elsewhere it is off unless the options ask for it.
-        let early_race_entries = opts
-            .early_race_entries
-            .unwrap_or(on_discrete(&info, EARLY_RACE_ENTRIES));
-        let wide_greedy_chunks = opts
-            .wide_greedy_chunks
-            .unwrap_or(on_discrete(&info, opts.target_workgroups / 8));
-        // 1,536 chunks on discrete GPUs (`VerifierOptions::fused_verify_chunks`).
-        let fused_verify_chunks = opts
-            .fused_verify_chunks
-            .unwrap_or(on_discrete(&info, FUSED_VERIFY_CHUNKS));
-        let spin_wait = opts.spin_wait.unwrap_or(on_discrete(&info, SPIN_WAIT));
+        // The tuning measured on a discrete GPU (an H200) applies on discrete GPUs; elsewhere
+        // each of its options left `None` is off: the early race pays where a small batch
+        // leaves most of the GPU idle, while an integrated GPU or a software adapter shares its
+        // bandwidth and cores between the two passes (`VerifierOptions::with_discrete_tuning`).
+        let tuned = if info.device_type == wgpu::DeviceType::DiscreteGpu {
+            opts.clone().with_discrete_tuning()
+        } else {
+            opts.clone()
+        };
+        let early_race_entries = tuned.early_race_entries.unwrap_or(0);
+        let wide_greedy_chunks = tuned.wide_greedy_chunks.unwrap_or(0);
+        let fused_verify_chunks = tuned.fused_verify_chunks.unwrap_or(0);
+        let spin_wait = tuned.spin_wait.unwrap_or(Duration::ZERO);
         Ok(GpuBackend {
             device,
             queue,
@@ -421,17 +407,6 @@ impl GpuBackend {
             return Error::DeviceLost { detail: reason };
         }
         Error::Gpu { detail }
-    }
-}
-
-/// `value` on adapters wgpu reports as discrete GPUs, else the default (0, off): the defaults of
-/// the tuning options measured only there (the early race, the wide reduction, the fused
-/// verify, polled reads).
-fn on_discrete<T: Default>(info: &wgpu::AdapterInfo, value: T) -> T {
-    if info.device_type == wgpu::DeviceType::DiscreteGpu {
-        value
-    } else {
-        T::default()
     }
 }
 

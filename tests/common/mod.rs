@@ -11,6 +11,11 @@ use std::sync::OnceLock;
 
 /// The GPU verifier shared by a test binary. No adapter is a test failure, unless
 /// `SPECDEC_SKIP_GPU=1` is set, in which case the skip is printed and `None` returned.
+///
+/// `SPECDEC_TEST_TUNING=discrete` builds it with the tuning of discrete GPUs
+/// ([`VerifierOptions::with_discrete_tuning`]: the early race, the wide greedy reduction, greedy
+/// batches settled and sampled batches verified in row_stats, polled reads), so that a software
+/// adapter, which leaves them off by default, runs the code paths a discrete GPU takes.
 pub fn gpu() -> Option<&'static Verifier> {
     static GPU: OnceLock<Option<Verifier>> = OnceLock::new();
     GPU.get_or_init(|| {
@@ -25,11 +30,15 @@ pub fn gpu() -> Option<&'static Verifier> {
             Ok(other) if !other.is_empty() => {
                 panic!("SPECDEC_TEST_LIMITS={other:?}: use webgpu or leave it unset")
             }
-            _ => Verifier::new(VerifierOptions::default()),
+            _ => Verifier::new(test_options()),
         };
         match made {
             Ok(v) => {
-                eprintln!("GPU tests run on {}", v.describe());
+                let tuning = match std::env::var("SPECDEC_TEST_TUNING") {
+                    Ok(t) if !t.is_empty() => format!(" with SPECDEC_TEST_TUNING={t}"),
+                    _ => String::new(),
+                };
+                eprintln!("GPU tests run on {}{tuning}", v.describe());
                 Some(v)
             }
             Err(e) => {
@@ -38,6 +47,33 @@ pub fn gpu() -> Option<&'static Verifier> {
         }
     })
     .as_ref()
+}
+
+/// The options of [`gpu`]'s verifier, by `SPECDEC_TEST_TUNING`: unset, the defaults;
+/// `discrete`, the tuning of discrete GPUs on any adapter; `fused`, that tuning without its size
+/// limits, so that every batch that can race early, settle or be verified in row_stats does,
+/// the batteries' calls of thousands of rows included (a discrete GPU takes those paths only up
+/// to 1,536 chunk partials, which the batteries' calls exceed).
+pub fn test_options() -> VerifierOptions {
+    let tuned = VerifierOptions::default().with_discrete_tuning();
+    match std::env::var("SPECDEC_TEST_TUNING").as_deref() {
+        Ok("discrete") => tuned,
+        Ok("fused") => VerifierOptions {
+            early_race_entries: Some(u64::MAX),
+            fused_verify_chunks: Some(u32::MAX),
+            ..tuned
+        },
+        Ok(other) if !other.is_empty() => {
+            panic!("SPECDEC_TEST_TUNING={other:?}: use discrete, fused or leave it unset")
+        }
+        _ => VerifierOptions::default(),
+    }
+}
+
+/// Whether the tests run with the fused paths at any size (`SPECDEC_TEST_TUNING=fused`): the
+/// GPU == twin tests then also run calls that can take them, and require that they did.
+pub fn fused_tuning() -> bool {
+    std::env::var("SPECDEC_TEST_TUNING").as_deref() == Ok("fused")
 }
 
 /// The GPU for a thorough statistical tier: the χ² batteries on the GPU itself, which take
@@ -122,7 +158,7 @@ pub fn with_limits(limits: wgpu::Limits) -> Result<Verifier, specdec::Error> {
     .map_err(|e| specdec::Error::RequestDevice {
         detail: e.to_string(),
     })?;
-    Verifier::with_device(device, queue, VerifierOptions::default())
+    Verifier::with_device(device, queue, test_options())
 }
 
 /// A CPU verifier mirroring the GPU's default dispatch shape.
@@ -500,4 +536,22 @@ pub fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
         .zip(b)
         .position(|(x, y)| x.to_bits() != y.to_bits())
         .map(|i| (i, a[i], b[i]))
+}
+
+/// The fused paths a run took (calls settled / verified in row_stats), printed; with
+/// `SPECDEC_TEST_TUNING=fused` each path named must have been taken at least once, so that a
+/// run meant to test those paths cannot pass without reaching them.
+pub fn assert_fused_paths_taken(g: &Verifier, settled: bool, verified: bool) {
+    let (s, v) = (g.fused_greedy_calls(), g.fused_verify_calls());
+    eprintln!("calls settled in row_stats: {s}, verified in row_stats: {v}");
+    if fused_tuning() {
+        assert!(
+            !settled || s > 0,
+            "no all-greedy call was settled in row_stats"
+        );
+        assert!(
+            !verified || v > 0,
+            "no sampled call was verified in row_stats"
+        );
+    }
 }
