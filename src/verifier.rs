@@ -175,8 +175,9 @@ impl VerifierOptions {
     /// A GPU verifier applies this by itself on adapters wgpu reports as discrete GPUs, and
     /// leaves those options off elsewhere. Calling it applies the same tuning on any adapter: an
     /// integrated GPU to try against its defaults (`specdec bench` takes each option), or a
-    /// software adapter, where the test suite runs the discrete GPUs' code paths with
-    /// `SPECDEC_TEST_TUNING=discrete`. Tuning only: the outputs are the same bits either way.
+    /// software adapter, where the test suite runs the discrete GPUs' code paths
+    /// (`SPECDEC_TEST_TUNING=discrete`, or `fused` for those paths at any batch size, as CI
+    /// does). Tuning only: the outputs are the same bits either way.
     ///
     /// ```
     /// use specdec::VerifierOptions;
