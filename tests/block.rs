@@ -690,7 +690,7 @@ fn block_matches_the_twin_on_every_grid_setting() {
          wrong-residual GPU differs from the correct twin on {caught} of {faulted}",
         g.describe()
     );
-    common::assert_fused_paths_taken(g, false, true);
+    common::assert_fused_verify_taken(g);
     assert!(
         worst <= common::twin_slack(g).0 && total <= common::twin_slack(g).1,
         "the GPU differs from the twin:\n{}",

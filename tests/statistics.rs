@@ -763,7 +763,7 @@ fn gpu_matches_the_twin_on_every_battery_setting() {
     for line in &report {
         println!("  {line}");
     }
-    common::assert_fused_paths_taken(g, false, true);
+    common::assert_fused_verify_taken(g);
     let (per_setting, in_all) = common::twin_slack(g);
     assert!(
         total <= in_all && worst <= per_setting,

@@ -160,5 +160,5 @@ fn gpu_matches_the_twin_on_the_battery_requests() {
             );
         }
     }
-    common::assert_fused_paths_taken(g, false, true);
+    common::assert_fused_verify_taken(g);
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 /// The GPU verifier shared by a test binary. No adapter is a test failure, unless
 /// `SPECDEC_SKIP_GPU=1` is set, in which case the skip is printed and `None` returned.
 ///
-/// `SPECDEC_TEST_TUNING=discrete` builds it with the tuning of discrete GPUs
+/// `SPECDEC_TEST_TUNING` ([`test_options`]) builds it with the tuning of discrete GPUs
 /// ([`VerifierOptions::with_discrete_tuning`]: the early race, the wide greedy reduction, greedy
 /// batches settled and sampled batches verified in row_stats, polled reads), so that a software
 /// adapter, which leaves them off by default, runs the code paths a discrete GPU takes.
@@ -539,9 +539,10 @@ pub fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
 }
 
 /// The fused paths a run took (calls settled / verified in row_stats), printed; with
-/// `SPECDEC_TEST_TUNING=fused` each path named must have been taken at least once, so that a
-/// run meant to test those paths cannot pass without reaching them.
-pub fn assert_fused_paths_taken(g: &Verifier, settled: bool, verified: bool) {
+/// `SPECDEC_TEST_TUNING=fused` the fused verify must have run at least once, so that a run
+/// meant to test it cannot pass without reaching it. (No battery is all-greedy, so none can
+/// require the greedy settle; `exact` tests that path.)
+pub fn assert_fused_verify_taken(g: &Verifier) {
     let (s, v) = (g.fused_greedy_calls(), g.fused_verify_calls());
     // To the stderr handle, not eprintln!: the harness captures the print macros of passing
     // tests, and CI's log should show that the paths were taken.
@@ -550,13 +551,6 @@ pub fn assert_fused_paths_taken(g: &Verifier, settled: bool, verified: bool) {
         "calls settled in row_stats: {s}, verified in row_stats: {v}"
     );
     if fused_tuning() {
-        assert!(
-            !settled || s > 0,
-            "no all-greedy call was settled in row_stats"
-        );
-        assert!(
-            !verified || v > 0,
-            "no sampled call was verified in row_stats"
-        );
+        assert!(v > 0, "no sampled call was verified in row_stats");
     }
 }
