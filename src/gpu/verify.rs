@@ -79,13 +79,7 @@ impl GpuBackend {
         shape: &Shape,
         group: &wgpu::BindGroup,
     ) {
-        pass.set_pipeline(self.special_pipeline(
-            Kernel::Verify,
-            "main",
-            Self::verify_special(shape),
-        ));
-        shape.slots.bind(pass, group, 0);
-        pass.dispatch_workgroups(shape.n as u32, 1, 1);
+        self.record_verify_entry(pass, shape, group, "main");
     }
 
     /// Dispatches verify's `block_settle` (after block_mass): the joint decision of block
@@ -96,9 +90,20 @@ impl GpuBackend {
         shape: &Shape,
         group: &wgpu::BindGroup,
     ) {
+        self.record_verify_entry(pass, shape, group, "block_settle");
+    }
+
+    /// One workgroup per request of verify's `entry`, in the batch's specialisation.
+    fn record_verify_entry(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        shape: &Shape,
+        group: &wgpu::BindGroup,
+        entry: &'static str,
+    ) {
         pass.set_pipeline(self.special_pipeline(
             Kernel::Verify,
-            "block_settle",
+            entry,
             Self::verify_special(shape),
         ));
         shape.slots.bind(pass, group, 0);

@@ -233,37 +233,20 @@ impl BenchConfig {
             rewarm_ms: 300,
         }
     }
-    /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores).
+    /// A small grid for software adapters and the CPU backend (minutes, not hours, on 2 cores):
+    /// the full grid's options, fewer points and repetitions, no baseline and no warm-up spin.
     pub fn quick() -> Self {
         BenchConfig {
             batches: vec![1, 8, 32],
             ks: vec![1, 4],
             vocabs: vec![32000],
-            modes: BenchMode::ALL.to_vec(),
             reps: 5,
             warmup: 1,
             baseline_reps: 0,
-            baseline_k: 4,
             baseline_vocab: 32_000,
-            target_workgroups: VerifierOptions::default().target_workgroups,
-            early_race_entries: VerifierOptions::default().early_race_entries,
-            wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
-            fused_greedy: VerifierOptions::default().fused_greedy,
-            fused_verify_chunks: VerifierOptions::default().fused_verify_chunks,
-            spin_wait: VerifierOptions::default().spin_wait,
-            shader_int64: true,
-            subgroups: true,
-            immediates: VerifierOptions::default().immediates,
-            shader_checks: None,
-            workgroup_size: None,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            target_dtype: crate::Dtype::F32,
-            block: false,
-            rows: BenchRows::Normal,
             warm_s: 0.0,
             rewarm_ms: 0,
+            ..Self::full()
         }
     }
 }
