@@ -128,6 +128,12 @@ pub enum Error {
     },
     /// The operation needs a GPU verifier (e.g. recording into a command encoder).
     NotGpu,
+    /// `VerifierOptions` that cannot apply where they were given (e.g. other kernels asked of
+    /// [`crate::Verifier::with_tuning`]).
+    InvalidOptions {
+        /// Which option, and what to do instead.
+        detail: String,
+    },
     /// No GPU adapter was found (or none matched `WGPU_ADAPTER_NAME` / `WGPU_BACKEND`).
     NoAdapter {
         /// What was looked for and what was seen.
@@ -154,6 +160,10 @@ pub enum Error {
         waited: std::time::Duration,
     },
 }
+
+/// [`Error::NotGpu`]'s message.
+const NOT_GPU: &str = "this verifier runs on the CPU backend; recording into a command encoder \
+                       needs Verifier::new or Verifier::with_device";
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -250,11 +260,8 @@ impl fmt::Display for Error {
             ),
             Error::BatchTooLarge { reason } => write!(f, "batch too large: {reason}"),
             Error::DraftIdBuffer { detail } => write!(f, "draft ids on the GPU: {detail}"),
-            Error::NotGpu => write!(
-                f,
-                "this verifier runs on the CPU backend; recording into a command encoder needs \
-                 Verifier::new or Verifier::with_device"
-            ),
+            Error::InvalidOptions { detail } => write!(f, "invalid options: {detail}"),
+            Error::NotGpu => f.write_str(NOT_GPU),
             Error::NoAdapter { detail } => write!(
                 f,
                 "no GPU adapter: {detail}. Install a Vulkan/Metal/DX12 driver (on Linux without a \

@@ -11,7 +11,7 @@ use crate::gpu::{self, DeviceIds, GpuBackend, GpuDraft, GpuRows, MapFlag, Timest
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -215,8 +215,9 @@ pub struct Verifier {
     backend: Backend,
     opts: VerifierOptions,
     seeds: Mutex<rand_pcg::Pcg64>,
-    /// Held by host-path calls on wgpu's OpenGL backend (see [`Verifier::serialize`]).
-    gl_calls: Mutex<()>,
+    /// Held by host-path calls on wgpu's OpenGL backend (see [`Verifier::serialize`]); shared
+    /// by the verifiers of one device ([`Verifier::with_tuning`]), which share its context.
+    gl_calls: Arc<Mutex<()>>,
 }
 
 /// A batch whose logits already live in GPU buffers of the verifier's device.
@@ -318,6 +319,45 @@ impl Verifier {
         Self::build(Backend::Cpu(shape), opts)
     }
 
+    /// A verifier with other tuning on this one's device and compiled kernels, without
+    /// building them again (seconds per verifier on a software adapter): `opts` may change
+    /// what never changes results (`target_workgroups`, `early_race_entries`,
+    /// `wide_greedy_chunks`, `fused_greedy`, `fused_verify_chunks`, `max_binding_bytes`,
+    /// `timeout`, `spin_wait`, `seed_source`, `cpu_threads`), but not the kernels themselves:
+    /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates` and `shader_checks` must be
+    /// this verifier's, else [`Error::InvalidOptions`] names the first that differs. The two
+    /// verifiers are independent (own buffers, own seeds) and share the device: its loss ends
+    /// both. On the CPU backend this is [`Verifier::cpu`] with `opts`.
+    pub fn with_tuning(&self, opts: VerifierOptions) -> Result<Verifier, Error> {
+        check_options(&opts)?;
+        let Backend::Gpu(g) = &self.backend else {
+            return Ok(Verifier::cpu(opts));
+        };
+        let mine = &self.opts;
+        let differs = [
+            ("workgroup_size", mine.workgroup_size != opts.workgroup_size),
+            ("shader_int64", mine.shader_int64 != opts.shader_int64),
+            ("subgroups", mine.subgroups != opts.subgroups),
+            ("immediates", mine.immediates != opts.immediates),
+            (
+                "shader_checks",
+                checks_key(mine.shader_checks) != checks_key(opts.shader_checks),
+            ),
+        ];
+        if let Some((name, _)) = differs.iter().find(|(_, d)| *d) {
+            return Err(Error::InvalidOptions {
+                detail: format!(
+                    "with_tuning keeps the kernels: VerifierOptions::{name} must be this \
+                     verifier's (build a new Verifier for other kernels)"
+                ),
+            });
+        }
+        let backend = g.retuned(&opts);
+        let mut v = Self::build(Backend::Gpu(Box::new(backend)), opts);
+        v.gl_calls = self.gl_calls.clone();
+        Ok(v)
+    }
+
     fn build(backend: Backend, opts: VerifierOptions) -> Verifier {
         let seed = opts.seed_source.unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
@@ -329,7 +369,7 @@ impl Verifier {
             backend,
             opts,
             seeds: Mutex::new(rand_pcg::Pcg64::seed_from_u64(seed)),
-            gl_calls: Mutex::new(()),
+            gl_calls: Arc::new(Mutex::new(())),
         }
     }
 
@@ -720,6 +760,12 @@ impl Verifier {
 
 fn out_words(plan: &Plan) -> usize {
     plan.out_words()
+}
+
+/// `ShaderRuntimeChecks` as a comparable value: wgpu 30 derives no `PartialEq` for it, and its
+/// `Debug` form names every field, so a field a later wgpu adds is compared too.
+fn checks_key(c: Option<wgpu::ShaderRuntimeChecks>) -> Option<String> {
+    c.map(|c| format!("{c:?}"))
 }
 
 fn check_options(opts: &VerifierOptions) -> Result<(), Error> {

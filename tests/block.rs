@@ -139,7 +139,7 @@ fn faulty(gpu: bool) -> Verifier {
         ..VerifierOptions::default()
     };
     if gpu {
-        Verifier::new(opts).expect("second GPU verifier")
+        gpu_tuned(opts)
     } else {
         Verifier::cpu(opts)
     }

@@ -142,11 +142,10 @@ fn reference_sweep(v: &Verifier, sizes: &[usize], per_size: usize, seed: u64) {
 
 /// A GPU verifier aiming at one workgroup in all: every cutoff scan workgroup takes a whole row.
 fn whole_row_scans() -> Verifier {
-    Verifier::new(VerifierOptions {
+    gpu_tuned(VerifierOptions {
         target_workgroups: 1,
         ..VerifierOptions::default()
     })
-    .unwrap()
 }
 
 const SIZES: [usize; 9] = [1, 2, 3, 7, 64, 257, 4095, 4096, 4097];
@@ -283,11 +282,10 @@ fn crowded_bin_cut_offs_equal_the_twin(centre: f32, params: impl Fn(usize) -> Sa
     }
     let vocab = 20_000usize;
     let whole_rows = whole_row_scans();
-    let short_lists = Verifier::new(VerifierOptions {
+    let short_lists = gpu_tuned(VerifierOptions {
         max_binding_bytes: Some(96 << 10),
         ..VerifierOptions::default()
-    })
-    .unwrap();
+    });
     let row = |n: usize, spread: f32, shift: f32| {
         let mut row = vec![-30.0f32; vocab];
         row[0] = 0.0;

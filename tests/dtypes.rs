@@ -434,11 +434,10 @@ fn half_rows_through_the_early_race_give_the_tokens_of_the_late_one() {
     // race after verify on the same rows and against the f32 copy.
     let Some(_) = gpu() else { return };
     let with = |entries| {
-        specdec::Verifier::new(specdec::VerifierOptions {
+        gpu_tuned(specdec::VerifierOptions {
             early_race_entries: Some(entries),
             ..Default::default()
         })
-        .unwrap()
     };
     let (early, late) = (with(u64::MAX), with(0));
     for (i, t_dtype) in [Dtype::F16, Dtype::Bf16].into_iter().enumerate() {

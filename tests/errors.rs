@@ -428,6 +428,85 @@ fn bad_options_are_typed_errors() {
     assert!(e.to_string().contains("target_workgroups"), "{e}");
 }
 
+#[test]
+fn with_tuning_refuses_other_kernels_and_keeps_the_tokens() {
+    let Some(v) = gpu() else { return };
+    // Each option that selects the kernels is refused by name, and so is a bad tuning.
+    let kernel_options = [
+        (
+            "workgroup_size",
+            VerifierOptions {
+                workgroup_size: Some(64),
+                ..Default::default()
+            },
+        ),
+        (
+            "shader_int64",
+            VerifierOptions {
+                shader_int64: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "subgroups",
+            VerifierOptions {
+                subgroups: false,
+                ..Default::default()
+            },
+        ),
+        (
+            "immediates",
+            VerifierOptions {
+                immediates: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "shader_checks",
+            VerifierOptions {
+                shader_checks: Some(wgpu::ShaderRuntimeChecks::unchecked()),
+                ..Default::default()
+            },
+        ),
+        (
+            "target_workgroups",
+            VerifierOptions {
+                target_workgroups: 0,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, opts) in kernel_options {
+        let e = v.with_tuning(opts).err().expect("refused");
+        assert!(
+            e.to_string().contains(name),
+            "{name}: the error names it: {e}"
+        );
+        if name != "target_workgroups" {
+            assert!(matches!(e, Error::InvalidOptions { .. }), "{name}: {e:?}");
+        }
+    }
+    // Other tuning on the same kernels: the twin's tokens, its own counters, and the first
+    // verifier unaffected.
+    let mut g = Gen::new(5);
+    let b = Owned::random(&mut g, 3000, &[4, 0, 2], &[1.0, 0.0], 1, 0.6);
+    let want = cpu().verify_blocking(&b.batch()).unwrap();
+    let tuned = v
+        .with_tuning(VerifierOptions {
+            target_workgroups: 3,
+            max_binding_bytes: Some(2 * 3000 * 4 + 256),
+            ..test_options()
+        })
+        .unwrap();
+    assert_eq!(tuned.describe(), v.describe());
+    assert_eq!(tuned.verify_blocking(&b.batch()).unwrap(), want);
+    assert_eq!(v.verify_blocking(&b.batch()).unwrap(), want);
+    // On the CPU backend it is a CPU verifier with the options.
+    let c = cpu().with_tuning(VerifierOptions::default()).unwrap();
+    assert!(c.device().is_none());
+    assert_eq!(c.verify_blocking(&b.batch()).unwrap(), want);
+}
+
 fn storage_buffer(device: &wgpu::Device, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("test"),
@@ -530,11 +609,10 @@ fn gpu_buffer_errors_are_caught_before_recording() {
     assert!(matches!(c.record(&mut enc, &gb), Err(Error::NotGpu)));
     cases += 1;
     // A row larger than one binding allows.
-    let tiny = Verifier::new(VerifierOptions {
+    let tiny = gpu_tuned(VerifierOptions {
         max_binding_bytes: Some(32),
         ..Default::default()
-    })
-    .unwrap();
+    });
     let e = tiny
         .verify_blocking(&b.batch())
         .expect_err("a 64-byte row does not fit a 32-byte binding");

@@ -395,11 +395,10 @@ fn long_residual_blocks_match_the_twin() {
     if gpu().is_none() {
         return;
     }
-    let v = Verifier::new(specdec::VerifierOptions {
+    let v = gpu_tuned(specdec::VerifierOptions {
         target_workgroups: 4,
         ..specdec::VerifierOptions::default()
-    })
-    .unwrap();
+    });
     let mut gen = Gen::new(13);
     for round in 0..2 {
         for kind in 0..3u8 {
@@ -645,13 +644,12 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
     let long = Owned::random(&mut gen, V, &[2, 70], &[0.0], 0, 0.9);
     for fused in [true, false] {
         for windows in [false, true] {
-            let v = Verifier::new(specdec::VerifierOptions {
+            let v = gpu_tuned(specdec::VerifierOptions {
                 fused_greedy: fused,
                 wide_greedy_chunks: Some(1 << 20),
                 max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
                 ..specdec::VerifierOptions::default()
-            })
-            .unwrap();
+            });
             for (i, b) in batches.iter().enumerate() {
                 let want = cpu().verify_blocking(&b.batch()).unwrap();
                 let before = v.fused_greedy_calls();
@@ -764,13 +762,12 @@ fn sampled_batches_verified_in_row_stats_match_verify_and_the_twin() {
         (false, false, false),
         (false, true, true),
     ] {
-        let v = Verifier::new(specdec::VerifierOptions {
+        let v = gpu_tuned(specdec::VerifierOptions {
             fused_verify_chunks: Some(if fused { u32::MAX } else { 0 }),
             early_race_entries: Some(if early { u64::MAX } else { 0 }),
             max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
             ..specdec::VerifierOptions::default()
-        })
-        .unwrap();
+        });
         let setting = format!("fused {fused}, windows {windows}, early {early}");
         for (i, b) in batches.iter().chain([&raw]).enumerate() {
             let want = cpu().verify_blocking(&b.batch()).unwrap();
@@ -876,11 +873,10 @@ fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
     // ones.
     let Some(_) = gpu() else { return };
     let with = |chunks| {
-        Verifier::new(specdec::VerifierOptions {
+        gpu_tuned(specdec::VerifierOptions {
             wide_greedy_chunks: Some(chunks),
             ..Default::default()
         })
-        .unwrap()
     };
     let (wide, narrow) = (with(512), with(0));
     let mut gen = Gen::new(31);
@@ -982,7 +978,7 @@ fn a_reused_verifier_gives_every_request_its_residual_token() {
         ("default", specdec::VerifierOptions::default()),
         ("windows", windows),
     ] {
-        let v = Verifier::new(opts).unwrap();
+        let v = gpu_tuned(opts);
         for round in 0..2 {
             for (vocab, ks) in shapes {
                 for kind in 0..3u8 {
@@ -1050,7 +1046,7 @@ fn bind_groups_over_the_callers_buffers_are_reused_for_those_buffers_only() {
     if gpu().is_none() {
         return;
     }
-    let v = Verifier::new(specdec::VerifierOptions::default()).unwrap();
+    let v = gpu_tuned(specdec::VerifierOptions::default());
     let mut gen = Gen::new(41);
     let a = Owned::random(&mut gen, 6000, &[3, 1, 2], &[1.0, 0.7], 1, 0.3);
     let mut b = Owned::random(&mut gen, 6000, &[3, 1, 2], &[1.0, 0.7], 1, 0.3);

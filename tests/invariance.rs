@@ -148,11 +148,10 @@ fn tokens_do_not_depend_on_the_batch() {
 fn chunked_row_windows_give_identical_tokens() {
     let Some(g) = gpu() else { return };
     // Windows of at most 3 rows (plus alignment slack) force many bindings per call.
-    let small = Verifier::new(VerifierOptions {
+    let small = gpu_tuned(VerifierOptions {
         max_binding_bytes: Some(3 * 1500 * 4 + 256),
         ..VerifierOptions::default()
-    })
-    .unwrap();
+    });
     for kind in 0..3 {
         let b = mixed(20 + kind as u64, kind);
         let whole = g.verify_blocking(&b.batch()).unwrap();
@@ -361,12 +360,11 @@ fn early_race_gives_the_tokens_of_the_race_after_verify() {
     // windows.
     let Some(_) = gpu() else { return };
     let with = |entries: u64, max_binding_bytes: Option<u64>| {
-        Verifier::new(VerifierOptions {
+        gpu_tuned(VerifierOptions {
             early_race_entries: Some(entries),
             max_binding_bytes,
             ..VerifierOptions::default()
         })
-        .unwrap()
     };
     let late = with(0, None);
     let early = with(u64::MAX, None);

@@ -269,11 +269,10 @@ fn a_wait_past_the_timeout_is_a_timeout_error_and_the_verifier_goes_on() {
     }
     let mut g = Gen::new(17);
     let big = Owned::random(&mut g, 32000, &[8; 32], &[1.0], 2, 0.7);
-    let v = Verifier::new(VerifierOptions {
+    let v = gpu_tuned(VerifierOptions {
         timeout: Duration::from_nanos(1),
         ..Default::default()
-    })
-    .unwrap();
+    });
     let want = cpu().verify_blocking(&big.batch()).unwrap();
     // OpenGL runs the recorded work inside `submit` (wgpu's GL backend has no asynchronous
     // queue), so by the first poll the result is there and a 1 ns wait cannot be outlasted.
@@ -312,11 +311,10 @@ fn a_long_spin_wait_ends_when_the_result_is_back() {
     let mut g = Gen::new(18);
     let b = Owned::random(&mut g, 5000, &[3, 2], &[1.0, 0.0], 1, 0.7);
     let want = cpu().verify_blocking(&b.batch()).unwrap();
-    let v = Verifier::new(VerifierOptions {
+    let v = gpu_tuned(VerifierOptions {
         spin_wait: Some(Duration::from_secs(30)),
         ..Default::default()
-    })
-    .unwrap();
+    });
     let start = std::time::Instant::now();
     for call in 0..3 {
         assert_eq!(v.verify_blocking(&b.batch()).unwrap(), want, "call {call}");

@@ -303,7 +303,7 @@ fn with_fault(base: Option<&Verifier>, fault: Fault) -> Option<Verifier> {
     };
     match base {
         None => Some(Verifier::cpu(opts)),
-        Some(_) => Some(Verifier::new(opts).expect("second GPU verifier")),
+        Some(v) => Some(v.with_tuning(opts).expect("second GPU verifier")),
     }
 }
 

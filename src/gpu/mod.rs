@@ -134,8 +134,10 @@ pub(crate) struct GpuBackend {
     timeout: Duration,
     /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
     spin_wait: Duration,
-    layouts: Layouts,
-    pipelines: Pipelines,
+    /// Compiled once, by `new`; shared with the backends [`GpuBackend::retuned`] derives.
+    layouts: Arc<Layouts>,
+    /// As `layouts`.
+    pipelines: Arc<Pipelines>,
     /// The shader variant the pipelines were built from.
     pub variant: crate::shaders::Variant,
     pool: Mutex<Vec<Workspace>>,
@@ -194,11 +196,7 @@ impl GpuBackend {
             });
         }
         let wg = workgroup_size(&limits, opts.workgroup_size.unwrap_or(256));
-        let max_binding = opts
-            .max_binding_bytes
-            .map_or(limits.max_storage_buffer_binding_size, |m| {
-                m.min(limits.max_storage_buffer_binding_size)
-            });
+        let max_binding = max_binding(&limits, opts);
         let variant = crate::shaders::Variant {
             int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
             subgroup_lanes: subgroup_lanes(&device, &queue, &info, opts.subgroups),
@@ -210,38 +208,23 @@ impl GpuBackend {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
             (layouts, pipelines, dummies(&device))
         })?;
-        // The tuning measured on a discrete GPU (an H200) applies on discrete GPUs; elsewhere
-        // each of its options left `None` is off: the early race pays where a small batch
-        // leaves most of the GPU idle, while an integrated GPU or a software adapter shares its
-        // bandwidth and cores between the two passes (`VerifierOptions::with_discrete_tuning`).
-        let tuned = if info.device_type == wgpu::DeviceType::DiscreteGpu {
-            opts.clone().with_discrete_tuning()
-        } else {
-            opts.clone()
-        };
-        let early_race_entries = tuned.early_race_entries.unwrap_or(0);
-        let wide_greedy_chunks = tuned.wide_greedy_chunks.unwrap_or(0);
-        let fused_verify_chunks = tuned.fused_verify_chunks.unwrap_or(0);
-        let spin_wait = tuned.spin_wait.unwrap_or(Duration::ZERO);
+        let has_fused_verify = layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify);
+        let tuning = Tuning::resolve(&info, opts, has_fused_verify);
         Ok(GpuBackend {
             device,
             queue,
             info,
             wg,
             target_workgroups: opts.target_workgroups,
-            early_race_entries,
-            wide_greedy_chunks,
+            early_race_entries: tuning.early_race_entries,
+            wide_greedy_chunks: tuning.wide_greedy_chunks,
             fused_greedy: opts.fused_greedy,
-            fused_verify_chunks: if layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify) {
-                fused_verify_chunks
-            } else {
-                0
-            },
+            fused_verify_chunks: tuning.fused_verify_chunks,
             max_binding,
             timeout: opts.timeout,
-            spin_wait,
-            layouts,
-            pipelines,
+            spin_wait: tuning.spin_wait,
+            layouts: Arc::new(layouts),
+            pipelines: Arc::new(pipelines),
             variant,
             pool: Mutex::new(Vec::new()),
             dummy,
@@ -261,6 +244,46 @@ impl GpuBackend {
             return Err(Error::DeviceLost { detail: reason });
         }
         Ok(())
+    }
+
+    /// A backend on the same device, sharing its compiled kernels, with the tuning of `opts`
+    /// (target workgroups, the fused paths' bounds, `max_binding_bytes`, the timeout and the
+    /// spin-wait); its workspace pool, kept bind groups and counters start empty. The caller
+    /// checks that `opts` asks for the same kernels. The device's loss and uncaptured-error
+    /// flags are shared: one device, one state.
+    pub fn retuned(&self, opts: &crate::VerifierOptions) -> GpuBackend {
+        let limits = self.device.limits();
+        let has_fused_verify = self
+            .layouts
+            .contains_key(&crate::shaders::Kernel::RowStatsVerify);
+        let tuning = Tuning::resolve(&self.info, opts, has_fused_verify);
+        GpuBackend {
+            device: self.device.clone(),
+            queue: self.queue.clone(),
+            info: self.info.clone(),
+            wg: self.wg,
+            target_workgroups: opts.target_workgroups,
+            early_race_entries: tuning.early_race_entries,
+            wide_greedy_chunks: tuning.wide_greedy_chunks,
+            fused_greedy: opts.fused_greedy,
+            fused_verify_chunks: tuning.fused_verify_chunks,
+            max_binding: max_binding(&limits, opts),
+            timeout: opts.timeout,
+            spin_wait: tuning.spin_wait,
+            layouts: self.layouts.clone(),
+            pipelines: self.pipelines.clone(),
+            variant: self.variant,
+            pool: Mutex::new(Vec::new()),
+            dummy: self.dummy.clone(),
+            dummy_rw: self.dummy_rw.clone(),
+            lost: self.lost.clone(),
+            owns_device: self.owns_device,
+            uncaptured: self.uncaptured.clone(),
+            buffer_epoch: std::sync::atomic::AtomicU64::new(0),
+            groups_made: std::sync::atomic::AtomicU64::new(0),
+            verified_in_stats: std::sync::atomic::AtomicU64::new(0),
+            settled_in_stats: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     /// Records the whole verification of `plan` over `target` / `draft` into `encoder`, leaving
@@ -407,6 +430,52 @@ impl GpuBackend {
             return Error::DeviceLost { detail: reason };
         }
         Error::Gpu { detail }
+    }
+}
+
+/// The bytes one storage binding may cover: `VerifierOptions::max_binding_bytes` within the
+/// device's limit.
+fn max_binding(limits: &wgpu::Limits, opts: &crate::VerifierOptions) -> u64 {
+    opts.max_binding_bytes
+        .map_or(limits.max_storage_buffer_binding_size, |m| {
+            m.min(limits.max_storage_buffer_binding_size)
+        })
+}
+
+/// The tuning options a backend runs with, their defaults resolved for the adapter.
+struct Tuning {
+    early_race_entries: u64,
+    wide_greedy_chunks: u32,
+    fused_verify_chunks: u32,
+    spin_wait: Duration,
+}
+
+impl Tuning {
+    /// The tuning measured on a discrete GPU (an H200) applies on discrete GPUs; elsewhere each
+    /// of its options left `None` is off: the early race pays where a small batch leaves most
+    /// of the GPU idle, while an integrated GPU or a software adapter shares its bandwidth and
+    /// cores between the two passes (`VerifierOptions::with_discrete_tuning`). The fused verify
+    /// is off where the device has no row_stats_verify pipelines.
+    fn resolve(
+        info: &wgpu::AdapterInfo,
+        opts: &crate::VerifierOptions,
+        has_fused_verify: bool,
+    ) -> Tuning {
+        let tuned = if info.device_type == wgpu::DeviceType::DiscreteGpu {
+            opts.clone().with_discrete_tuning()
+        } else {
+            opts.clone()
+        };
+        Tuning {
+            early_race_entries: tuned.early_race_entries.unwrap_or(0),
+            wide_greedy_chunks: tuned.wide_greedy_chunks.unwrap_or(0),
+            fused_verify_chunks: if has_fused_verify {
+                tuned.fused_verify_chunks.unwrap_or(0)
+            } else {
+                0
+            },
+            spin_wait: tuned.spin_wait.unwrap_or(Duration::ZERO),
+        }
     }
 }
 

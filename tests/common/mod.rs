@@ -49,6 +49,17 @@ pub fn gpu() -> Option<&'static Verifier> {
     .as_ref()
 }
 
+/// A verifier with the tuning of `opts` on [`gpu`]'s device and kernels
+/// ([`Verifier::with_tuning`]): a test that varies only options that never change results
+/// needs no kernels of its own, which a software adapter takes ~20 s to build per verifier.
+/// `opts` must ask for the default kernels. Panics without a GPU: call [`gpu`] first.
+pub fn gpu_tuned(opts: VerifierOptions) -> Verifier {
+    gpu()
+        .expect("gpu_tuned after gpu() gave a verifier")
+        .with_tuning(opts)
+        .unwrap()
+}
+
 /// The options of [`gpu`]'s verifier, by `SPECDEC_TEST_TUNING`: unset, the defaults;
 /// `discrete`, the tuning of discrete GPUs on any adapter; `fused`, that tuning without its size
 /// limits, so that every batch that can race early, settle or be verified in row_stats does,
