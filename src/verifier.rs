@@ -327,7 +327,8 @@ impl Verifier {
     /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates` and `shader_checks` must be
     /// this verifier's, else [`Error::InvalidOptions`] names the first that differs. The two
     /// verifiers are independent (own buffers, own seeds) and share the device: its loss ends
-    /// both. On the CPU backend this is [`Verifier::cpu`] with `opts`.
+    /// both (`opts.device` is not consulted). On the CPU backend this is [`Verifier::cpu`] with
+    /// `opts`.
     pub fn with_tuning(&self, opts: VerifierOptions) -> Result<Verifier, Error> {
         check_options(&opts)?;
         let Backend::Gpu(g) = &self.backend else {
