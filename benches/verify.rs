@@ -6,7 +6,8 @@
 //! cargo bench --bench verify -- --quick      # small grid (software adapters)
 //! cargo bench --bench verify -- --quick --cpu
 //! ```
-//! `--help` lists the options. Writes `benches/results/<date>-<adapter>.csv` and `.svg`.
+//! `--help` lists the options. Writes `benches/results/<adapter>-<backend>-grid.csv` and `.svg`
+//! (named by what was measured, never by date; `--help` says how).
 
 fn main() {
     let args: Vec<String> = std::env::args()

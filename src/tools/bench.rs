@@ -1797,26 +1797,184 @@ impl BenchReport {
         s
     }
 
-    /// A file stem for this run: `<date>-<adapter slug>`.
-    pub fn file_stem(&self) -> String {
-        let slug: String = self
-            .adapter
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '-'
-                }
-            })
-            .collect();
-        let slug = slug
-            .split('-')
-            .filter(|p| !p.is_empty())
-            .collect::<Vec<_>>()
-            .join("-");
-        format!("{}-{}", self.date, slug)
+    /// A file stem for this run, named by what was measured and never by date (the CSV's `date`
+    /// column keeps that): `<adapter slug>-<backend slug>-<grid>[-<what differs>…]`, where
+    /// `<grid>` is `grid` (the full grid) or `quick-grid` (`quick`: [`BenchConfig::quick`]), and
+    /// each option of `cfg` that differs from that grid adds a suffix, in a fixed order (see
+    /// [`config_suffixes`]), e.g. `nvidia-h200-vulkan-grid`,
+    /// `llvmpipe-llvm-15-0-6-256-bits-vulkan-quick-grid-bf16-top-p-0.9` or
+    /// `cpu-backend-16-threads-cpu-quick-grid`. Repetition and warm-up counts add none: they
+    /// change how well a point is measured, not what.
+    pub fn file_stem(&self, cfg: &BenchConfig, quick: bool) -> String {
+        let base = if quick {
+            BenchConfig::quick()
+        } else {
+            BenchConfig::full()
+        };
+        let mut parts = vec![slug(&self.adapter), slug(&self.backend)];
+        parts.push(if quick { "quick-grid" } else { "grid" }.into());
+        parts.extend(config_suffixes(cfg, &base));
+        parts.retain(|p| !p.is_empty());
+        parts.join("-")
     }
+}
+
+/// `s` as a file-name part: lowercase ASCII alphanumerics, every run of other characters one
+/// '-', none at either end.
+fn slug(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    mapped
+        .split('-')
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// `values` as one file-name part: `name-v1-v2…`.
+fn list_part<T: std::fmt::Display>(name: &str, values: &[T]) -> String {
+    let mut part = name.to_string();
+    for v in values {
+        part.push_str(&format!("-{v}"));
+    }
+    part
+}
+
+/// The name `--shader-checks` takes for `c` (the checks it does not set stay at their default).
+fn checks_name(c: &wgpu::ShaderRuntimeChecks) -> &'static str {
+    match (c.bounds_checks, c.force_loop_bounding) {
+        (true, true) => "all",
+        (true, false) => "no-loop-bounds",
+        (false, true) => "no-index-checks",
+        (false, false) => "none",
+    }
+}
+
+/// One file-name part per option of `cfg` that changes what is measured and differs from
+/// `base`, named after its command-line flag (values kept as given, so `--top-p 0.9` is
+/// `top-p-0.9`), in a fixed order so that one command line always gives one name.
+fn config_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
+    let mut parts = Vec::new();
+    if cfg.batches != base.batches {
+        parts.push(list_part("batch", &cfg.batches));
+    }
+    if cfg.ks != base.ks {
+        parts.push(list_part("k", &cfg.ks));
+    }
+    if cfg.vocabs != base.vocabs {
+        parts.push(list_part("vocab", &cfg.vocabs));
+    }
+    if cfg.modes != base.modes {
+        let names: Vec<_> = cfg.modes.iter().map(|m| slug(m.name())).collect();
+        parts.push(names.join("-"));
+    }
+    match cfg.target_dtype {
+        crate::Dtype::F32 => {}
+        crate::Dtype::F16 => parts.push("f16".into()),
+        crate::Dtype::Bf16 => parts.push("bf16".into()),
+    }
+    if cfg.block {
+        parts.push("block".into());
+    }
+    match cfg.rows {
+        BenchRows::Normal => {}
+        BenchRows::Peaked => parts.push("peaked-rows".into()),
+        BenchRows::Coarse => parts.push("coarse-rows".into()),
+    }
+    if cfg.top_p != base.top_p {
+        parts.push(format!("top-p-{}", cfg.top_p));
+    }
+    if cfg.top_k != base.top_k {
+        parts.push(format!("top-k-{}", cfg.top_k));
+    }
+    if cfg.min_p != base.min_p {
+        parts.push(format!("min-p-{}", cfg.min_p));
+    }
+    parts.extend(option_suffixes(cfg, base));
+    parts
+}
+
+/// The parts of [`config_suffixes`] for the verifier's options (`VerifierOptions`).
+fn option_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut flag = |on: bool, name: &str| {
+        if on {
+            parts.push(name.to_string());
+        }
+    };
+    flag(cfg.shader_int64 != base.shader_int64, "portable");
+    flag(cfg.subgroups != base.subgroups, "no-subgroups");
+    flag(cfg.immediates != base.immediates, "immediates");
+    flag(cfg.fused_greedy != base.fused_greedy, "no-fused-greedy");
+    let numbers = [
+        (
+            "target-wgs",
+            Some(cfg.target_workgroups),
+            Some(base.target_workgroups),
+        ),
+        ("workgroup-size", cfg.workgroup_size, base.workgroup_size),
+        (
+            "fused-verify",
+            cfg.fused_verify_chunks,
+            base.fused_verify_chunks,
+        ),
+        (
+            "wide-greedy",
+            cfg.wide_greedy_chunks,
+            base.wide_greedy_chunks,
+        ),
+    ];
+    for (name, value, default) in numbers {
+        if let Some(v) = value.filter(|_| value != default) {
+            parts.push(format!("{name}-{v}"));
+        }
+    }
+    if let Some(v) = cfg
+        .early_race_entries
+        .filter(|_| cfg.early_race_entries != base.early_race_entries)
+    {
+        parts.push(format!("early-race-{v}"));
+    }
+    if let Some(d) = cfg.spin_wait.filter(|_| cfg.spin_wait != base.spin_wait) {
+        parts.push(format!("spin-us-{}", d.as_micros()));
+    }
+    if let Some(c) = &cfg.shader_checks {
+        parts.push(format!("shader-checks-{}", checks_name(c)));
+    }
+    parts
+}
+
+/// `stem` itself if neither `stem.csv` nor `stem.svg` exists yet, else the first free
+/// `stem-2`, `stem-3`, …: a second run of the same command keeps the first one's files.
+fn free_stem(stem: &std::path::Path) -> std::path::PathBuf {
+    let taken = |p: &std::path::Path| ["csv", "svg"].iter().any(|ext| with_ext(p, ext).exists());
+    if !taken(stem) {
+        return stem.to_path_buf();
+    }
+    (2u32..)
+        .map(|n| {
+            let mut s = stem.as_os_str().to_owned();
+            s.push(format!("-{n}"));
+            std::path::PathBuf::from(s)
+        })
+        .find(|p| !taken(p))
+        .expect("some numbered stem is free")
+}
+
+/// `stem` with `.ext` appended: not `Path::with_extension`, which would replace a stem's own
+/// dot (`top-p-0.9` would become `top-p-0.csv`).
+fn with_ext(stem: &std::path::Path, ext: &str) -> std::path::PathBuf {
+    let mut s = stem.as_os_str().to_owned();
+    s.push(format!(".{ext}"));
+    s.into()
 }
 
 /// The axes every panel of [`BenchReport::svg`] shares: panel size, top edge, log2 of the
@@ -1961,14 +2119,19 @@ Options:
                       ceiling is stable (three within 3 %), at most S s (default 60; --quick 0)
   --rewarm-ms N       read-kernel work before each point is timed, after its twin check
                       (default 300; --quick 0): the GPU lowers its clocks while the twin runs
-  --out DIR           where the CSV and SVG go (default benches/results)
+  --out DIR           where the CSV and SVG go (default benches/results), named by what was
+                      measured, never by date: <adapter>-<backend>-grid or -quick-grid, then
+                      one part per option above that differs (e.g. -bf16, -block, -top-p-0.9);
+                      an existing name gets -2, -3, ... instead of being overwritten
 ";
 
-/// A parsed command line: the grid, where the files go, and whether the CPU backend runs.
+/// A parsed command line: the grid, where the files go, whether the CPU backend runs, and
+/// whether the grid started from `--quick`'s (the files' names say which).
 struct BenchArgs {
     cfg: BenchConfig,
     out: std::path::PathBuf,
     cpu: bool,
+    quick: bool,
 }
 
 /// `flag`'s comma-separated list of numbers.
@@ -2013,7 +2176,8 @@ fn parse_one<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
 
 /// Parses the benchmark's options; `Ok(None)` asks for the help text.
 fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
-    let mut cfg = if args.iter().any(|a| a == "--quick") {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut cfg = if quick {
         BenchConfig::quick()
     } else {
         BenchConfig::full()
@@ -2091,7 +2255,12 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
         }
     }
     check_config(&cfg)?;
-    Ok(Some(BenchArgs { cfg, out, cpu }))
+    Ok(Some(BenchArgs {
+        cfg,
+        out,
+        cpu,
+        quick,
+    }))
 }
 
 /// Every value of the grid in range, before any work: a bad value is a usage error (exit code
@@ -2157,7 +2326,12 @@ fn check_config(cfg: &BenchConfig) -> Result<(), String> {
 /// Runs the benchmark command line `args` (without the program name); returns the exit code.
 /// Progress and the table go to stdout, errors to stderr as one line each.
 pub fn main_with_args(args: &[String]) -> i32 {
-    let BenchArgs { cfg, out, cpu } = match parse_args(args) {
+    let BenchArgs {
+        cfg,
+        out,
+        cpu,
+        quick,
+    } = match parse_args(args) {
         Ok(Some(p)) => p,
         Ok(None) => {
             print!("{HELP}");
@@ -2182,14 +2356,21 @@ pub fn main_with_args(args: &[String]) -> i32 {
         }
     };
     println!("\n{}", report.table());
-    let stem = out.join(report.file_stem());
-    let written = std::fs::create_dir_all(&out)
-        .and_then(|_| std::fs::write(stem.with_extension("csv"), report.csv()))
-        .and_then(|_| std::fs::write(stem.with_extension("svg"), report.svg()));
-    if let Err(e) = written {
-        eprintln!("specdec bench: cannot write {}: {e}", stem.display());
-        return 1;
-    }
+    let stem = out.join(report.file_stem(&cfg, quick));
+    let written = std::fs::create_dir_all(&out).and_then(|_| {
+        // Chosen after the folder exists; an earlier result with this name is kept.
+        let stem = free_stem(&stem);
+        std::fs::write(with_ext(&stem, "csv"), report.csv())?;
+        std::fs::write(with_ext(&stem, "svg"), report.svg())?;
+        Ok(stem)
+    });
+    let stem = match written {
+        Ok(stem) => stem,
+        Err(e) => {
+            eprintln!("specdec bench: cannot write {}: {e}", stem.display());
+            return 1;
+        }
+    };
     println!("wrote {}.csv and .svg", stem.display());
     let bad: usize = report.rows.iter().map(|r| r.mismatches).sum();
     println!("twin mismatches over the grid: {bad}");
@@ -2207,6 +2388,77 @@ pub fn main_with_args(args: &[String]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report with no points, from `adapter` on `backend`.
+    fn empty_report(adapter: &str, backend: &str) -> BenchReport {
+        BenchReport {
+            adapter: adapter.into(),
+            backend: backend.into(),
+            date: "2026-11-28".into(),
+            copy_gbps: 0.0,
+            read_gbps: 0.0,
+            read_gbps_end: 0.0,
+            warm_reads: Vec::new(),
+            timestamps: false,
+            variant: crate::shaders::Variant::default(),
+            floor_us: None,
+            floor_spin_us: 0.0,
+            chain_floor: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Result files are named by adapter, backend and what was measured, never by date.
+    #[test]
+    fn file_stem_names_what_was_measured_not_the_date() {
+        let gpu = empty_report("llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan");
+        let full = gpu.file_stem(&BenchConfig::full(), false);
+        assert_eq!(full, "llvmpipe-llvm-15-0-6-256-bits-vulkan-grid");
+        assert!(!full.contains("2026"), "{full}");
+        let quick = gpu.file_stem(&BenchConfig::quick(), true);
+        assert_eq!(quick, "llvmpipe-llvm-15-0-6-256-bits-vulkan-quick-grid");
+        let mut cfg = BenchConfig::quick();
+        cfg.target_dtype = crate::Dtype::Bf16;
+        cfg.top_p = 0.9;
+        cfg.block = true;
+        assert_eq!(
+            gpu.file_stem(&cfg, true),
+            "llvmpipe-llvm-15-0-6-256-bits-vulkan-quick-grid-bf16-block-top-p-0.9"
+        );
+        cfg = BenchConfig::quick();
+        cfg.batches = vec![1];
+        cfg.modes = vec![BenchMode::Greedy, BenchMode::DraftLogits];
+        cfg.rows = BenchRows::Peaked;
+        cfg.subgroups = false;
+        assert_eq!(
+            gpu.file_stem(&cfg, true),
+            "llvmpipe-llvm-15-0-6-256-bits-vulkan-quick-grid-batch-1-greedy-draft-logits-peaked-rows-no-subgroups"
+        );
+        let cpu = empty_report("CPU backend (2 threads)", "cpu");
+        assert_eq!(
+            cpu.file_stem(&BenchConfig::quick(), true),
+            "cpu-backend-2-threads-cpu-quick-grid"
+        );
+    }
+
+    /// A second result with the same name gets `-2`, then `-3`; the earlier files stay.
+    #[test]
+    fn free_stem_skips_names_already_written() {
+        let dir = std::env::temp_dir().join(format!("specdec-bench-stem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stem = dir.join("a-vulkan-quick-grid-top-p-0.9");
+        assert_eq!(free_stem(&stem), stem);
+        std::fs::write(with_ext(&stem, "csv"), "").unwrap();
+        let second = free_stem(&stem);
+        assert_eq!(second, dir.join("a-vulkan-quick-grid-top-p-0.9-2"));
+        std::fs::write(with_ext(&second, "svg"), "").unwrap();
+        assert_eq!(
+            free_stem(&stem),
+            dir.join("a-vulkan-quick-grid-top-p-0.9-3")
+        );
+        assert!(with_ext(&stem, "csv").ends_with("a-vulkan-quick-grid-top-p-0.9.csv"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// Peaked rows are 3.8·N(0, 1) with about one entry in 16,384 raised by exactly 14.
     #[test]
