@@ -858,6 +858,30 @@ fn greedy_rows_of_many_partials_per_lane_match_the_twin() {
 }
 
 #[test]
+fn greedy_batches_of_many_chunks_over_wide_workgroups_match_the_twin() {
+    // From 4,096 chunks the wide greedy reduction gives each row_stats workgroup at least three
+    // chunks (fewer, longer workgroups than `target_workgroups` asks for), with a shorter last
+    // block where a row's chunks do not divide by three: 104 requests of 5 rows of V = 32,000
+    // (8 chunks, the last ragged) are 4,160 chunks, three workgroups a row of 3, 3 and 2
+    // chunks. A chunk left out or reduced twice changes a token, and a workgroup miscounted
+    // leaves a request unsettled (its tokens then differ from the twin's).
+    let Some(_) = gpu() else { return };
+    let wide = gpu_tuned(specdec::VerifierOptions {
+        wide_greedy_chunks: Some(512),
+        ..Default::default()
+    });
+    let mut gen = Gen::new(47);
+    let b = Owned::random(&mut gen, 32_000, &[4; 104], &[0.0], 0, 0.7);
+    let want = cpu().verify_blocking(&b.batch()).unwrap();
+    assert!(
+        want.num_emitted.iter().any(|&n| n > 1) && want.num_emitted.iter().any(|&n| n == 1),
+        "some requests accept drafts and some reject the first"
+    );
+    let got = wide.verify_blocking(&b.batch()).unwrap();
+    assert_matches_twin(&got, &want, "wide greedy reduction, 4,160 chunks");
+}
+
+#[test]
 fn small_greedy_batches_over_wide_workgroups_match_the_twin() {
     // Small all-greedy batches (up to `wide_greedy_chunks`) reduce each chunk over the
     // device's whole workgroup in row_stats, and requests with more than 128 chunk partials

@@ -27,6 +27,18 @@ const WIDE_VERIFY_PARTIALS: u64 = 128;
 /// their own is 1.01x faster (`docs/performance.md`).
 const SHARED_RUNS_FROM_CHUNKS: u64 = 1024;
 
+/// Chunks of a batch on the wide greedy reduction (`SPECIAL_WIDE`) from which each row_stats
+/// workgroup takes at least `WIDE_MIN_BLOCK_CHUNKS` chunks. On an H200, fewer, longer
+/// workgroups than `target_workgroups` gives took greedy GPU time to 0.92-0.96x at 5,120-10,944
+/// chunks with three chunks each (one or two by default), while at 24,320 chunks the default
+/// already gives three and six or twelve were 1.01-1.06x slower, and at 2,736 chunks or fewer
+/// two chunks gained nothing (`docs/performance.md`).
+const WIDE_LONG_BLOCKS_FROM_CHUNKS: u64 = 4096;
+
+/// The fewest chunks per workgroup of the wide greedy reduction from
+/// `WIDE_LONG_BLOCKS_FROM_CHUNKS` chunks.
+const WIDE_MIN_BLOCK_CHUNKS: u32 = 3;
+
 /// What the passes of one verification dispatch.
 pub(super) struct Shape {
     /// Requests.
@@ -146,6 +158,11 @@ impl Shape {
         // count per workgroup keeps both halves of the workgroup busy on every pair.
         if special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) != 0 {
             block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
+        }
+        if special & SPECIAL_WIDE != 0
+            && plan.total_rows as u64 * u64::from(num_chunks) >= WIDE_LONG_BLOCKS_FROM_CHUNKS
+        {
+            block_chunks = block_chunks.max(WIDE_MIN_BLOCK_CHUNKS).min(num_chunks);
         }
         let cut = CutShape::new(g, plan, &windows, filters);
         let settle_in_stats = settles && special & SPECIAL_WIDE != 0;
