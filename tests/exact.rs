@@ -874,7 +874,7 @@ fn greedy_batches_of_many_chunks_over_wide_workgroups_match_the_twin() {
     let b = Owned::random(&mut gen, 32_000, &[4; 104], &[0.0], 0, 0.7);
     let want = cpu().verify_blocking(&b.batch()).unwrap();
     assert!(
-        want.num_emitted.iter().any(|&n| n > 1) && want.num_emitted.iter().any(|&n| n == 1),
+        want.num_emitted.iter().any(|&n| n > 1) && want.num_emitted.contains(&1),
         "some requests accept drafts and some reject the first"
     );
     let got = wide.verify_blocking(&b.batch()).unwrap();
