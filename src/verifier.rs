@@ -381,7 +381,7 @@ impl Verifier {
     /// take no lock: their calls run concurrently.
     fn serialize(&self) -> Option<MutexGuard<'_, ()>> {
         match &self.backend {
-            Backend::Gpu(g) if g.info.backend == wgpu::Backend::Gl => {
+            Backend::Gpu(g) if g.kernels.info.backend == wgpu::Backend::Gl => {
                 Some(self.gl_calls.lock().unwrap_or_else(|e| e.into_inner()))
             }
             _ => None,
@@ -403,7 +403,7 @@ impl Verifier {
     /// The adapter of a GPU verifier.
     pub fn adapter_info(&self) -> Option<&wgpu::AdapterInfo> {
         match &self.backend {
-            Backend::Gpu(g) => Some(&g.info),
+            Backend::Gpu(g) => Some(&g.kernels.info),
             Backend::Cpu(_) => None,
         }
     }
@@ -411,7 +411,7 @@ impl Verifier {
     /// The device and queue of a GPU verifier (to create buffers for the GPU-resident path).
     pub fn device(&self) -> Option<(&wgpu::Device, &wgpu::Queue)> {
         match &self.backend {
-            Backend::Gpu(g) => Some((&g.device, &g.queue)),
+            Backend::Gpu(g) => Some((&g.kernels.device, &g.kernels.queue)),
             Backend::Cpu(_) => None,
         }
     }
@@ -422,10 +422,10 @@ impl Verifier {
         match &self.backend {
             Backend::Gpu(g) => format!(
                 "GPU: {} ({:?}, {:?}{})",
-                g.info.name,
-                g.info.backend,
-                g.info.device_type,
-                g.variant.describe()
+                g.kernels.info.name,
+                g.kernels.info.backend,
+                g.kernels.info.device_type,
+                g.kernels.variant.describe()
             ),
             Backend::Cpu(s) => format!("CPU backend ({} threads)", s.threads),
         }

@@ -47,7 +47,7 @@ impl GpuBackend {
                     &[
                         params_entry(ws),
                         r.target(),
-                        r.draft(&self.dummy),
+                        r.draft(&self.kernels.dummy),
                         ws.meta_entry(3, ws.meta_at.requests),
                         bound(4, table.clone()),
                         entry(5, ws.row_stats.get()),

@@ -53,7 +53,7 @@ impl GpuBackend {
         target: GpuRows<'_>,
         draft: Option<GpuRows<'_>>,
     ) -> Result<usize, Error> {
-        let limits = self.device.limits();
+        let limits = self.kernels.device.limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment);
         let row_bytes = u64::from(plan.vocab) * target.dtype.size();
         let d_row_bytes = u64::from(plan.draft_vocab) * draft.map_or(4, |d| d.dtype.size());
@@ -68,7 +68,7 @@ impl GpuBackend {
         let max_dim = limits.max_compute_workgroups_per_dimension as usize;
         let max_rows = (((self.max_binding - align) / bind_row) as usize).min(max_dim);
         let n = plan.num_requests();
-        if n > max_dim || n.div_ceil(self.wg as usize) > max_dim {
+        if n > max_dim || n.div_ceil(self.kernels.wg as usize) > max_dim {
             return Err(Error::BatchTooLarge {
                 reason: format!(
                     "{} rows exceed one dispatch of this device",

@@ -136,7 +136,7 @@ impl CutShape {
             .vocab
             .max(if cut_logits { plan.draft_vocab } else { 0 });
         let slice = candidate_slice(
-            g.wg,
+            g.kernels.wg,
             &plan.reqs,
             g.cut_slice(cut_len, cut_rows),
             cut_len,
@@ -155,11 +155,11 @@ impl CutShape {
         // every row (draft-logit rows with their own length): this only picks the first
         // round's entry points.
         let target_slices = plan.vocab.div_ceil(slice);
-        let candidates = g.wg == 256
+        let candidates = g.kernels.wg == 256
             && target_slices <= CAND_MAX_SLICES
             && plan.reqs.iter().any(|r| {
                 r.flags & REQ_FILTER != 0
-                    && small_top_k(r, g.wg)
+                    && small_top_k(r, g.kernels.wg)
                     && slice <= candidate_spread(r)
                     && r.top_k * target_slices <= list / 2
             });
@@ -262,7 +262,8 @@ impl GpuBackend {
     /// dimension. Tuning only: the cut-offs never depend on it (integer histograms).
     pub fn cut_slice(&self, vocab: u32, rows: usize) -> u32 {
         let max_slices = u64::from(
-            self.device
+            self.kernels
+                .device
                 .limits()
                 .max_compute_workgroups_per_dimension
                 .max(1),
@@ -272,8 +273,8 @@ impl GpuBackend {
         let slice = want
             .min(u64::from(vocab))
             .max(least)
-            .max(u64::from(self.wg * CUT_MIN_PER_LANE));
-        (slice.next_multiple_of(u64::from(self.wg))).min(u64::from(u32::MAX / 2)) as u32
+            .max(u64::from(self.kernels.wg * CUT_MIN_PER_LANE));
+        (slice.next_multiple_of(u64::from(self.kernels.wg))).min(u64::from(u32::MAX / 2)) as u32
     }
 
     /// One cutoff bind group per window (none when no request filters).
@@ -295,7 +296,7 @@ impl GpuBackend {
                     &[
                         params_entry(ws),
                         r.target(),
-                        r.draft(&self.dummy),
+                        r.draft(&self.kernels.dummy),
                         ws.meta_entry(3, ws.meta_at.requests),
                         ws.meta_entry(4, ws.meta_at.row_info),
                         entry(5, ws.cutoffs.get()),

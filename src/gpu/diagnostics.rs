@@ -53,11 +53,14 @@ impl GpuBackend {
         dispatches: u32,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("specdec.read_bandwidth"),
-            layout: &self.layouts[&Kernel::ReadBandwidth],
-            entries: &[entry(0, data), entry(1, sink)],
-        });
+        let group = self
+            .kernels
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("specdec.read_bandwidth"),
+                layout: &self.kernels.layouts[&Kernel::ReadBandwidth],
+                entries: &[entry(0, data), entry(1, sink)],
+            });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("specdec.read_bandwidth"),
             timestamp_writes: timestamps,
@@ -73,7 +76,7 @@ impl GpuBackend {
     /// 12 words: Philox words, uniform bits, Exp(1) bits.
     pub(crate) fn rng_check(&self, seed: u64, counters: &[[u32; 4]]) -> Result<Vec<u32>, Error> {
         use wgpu::util::DeviceExt;
-        let dev = &self.device;
+        let dev = &self.kernels.device;
         let req = ReqInfo {
             seed_lo: seed as u32,
             seed_hi: (seed >> 32) as u32,
@@ -105,7 +108,7 @@ impl GpuBackend {
         let index = scoped(dev, || {
             let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("specdec.rng_check"),
-                layout: &self.layouts[&Kernel::RngCheck],
+                layout: &self.kernels.layouts[&Kernel::RngCheck],
                 entries: &[
                     wgpu::BindGroupEntry {
                         binding: 0,
@@ -131,11 +134,15 @@ impl GpuBackend {
                 });
                 pass.set_pipeline(self.pipeline(Kernel::RngCheck, "main"));
                 pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(counters.len().div_ceil(self.wg as usize) as u32, 1, 1);
+                pass.dispatch_workgroups(
+                    counters.len().div_ceil(self.kernels.wg as usize) as u32,
+                    1,
+                    1,
+                );
             }
             encoder.copy_buffer_to_buffer(&out, 0, &read, 0, bytes);
-            self.queue.submit([encoder.finish()])
+            self.kernels.queue.submit([encoder.finish()])
         })?;
-        super::readback::read_words(&self.device, &read, index, self.timeout)
+        super::readback::read_words(&self.kernels.device, &read, index, self.timeout)
     }
 }

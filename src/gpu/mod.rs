@@ -114,12 +114,31 @@ pub enum Timestamps<'a> {
     },
 }
 
-/// The device, its pipelines and the workspace pool.
-pub(crate) struct GpuBackend {
+/// What every backend over one device shares ([`GpuBackend::retuned`]): the device, its
+/// compiled kernels, the buffers bound where a binding is unused, and the device's state (lost,
+/// or an uncaptured error seen). Built once, by [`GpuBackend::new`].
+pub(crate) struct DeviceKernels {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     wg: u32,
+    layouts: Layouts,
+    pipelines: Pipelines,
+    /// The shader variant the pipelines were built from.
+    pub variant: crate::shaders::Variant,
+    /// Bound where a kernel's binding is never read (read-only storage bindings).
+    dummy: wgpu::Buffer,
+    /// Bound where a writable binding is never touched: a buffer of its own, since one buffer
+    /// may not be bound read-only and writable in one dispatch.
+    dummy_rw: wgpu::Buffer,
+    lost: Arc<Mutex<Option<String>>>,
+    owns_device: bool,
+    uncaptured: Arc<AtomicBool>,
+}
+
+/// The device's kernels (shared), this verifier's tuning, and its workspace pool and counters.
+pub(crate) struct GpuBackend {
+    pub kernels: Arc<DeviceKernels>,
     target_workgroups: u32,
     /// `VerifierOptions::early_race_entries`, its default resolved for this adapter.
     early_race_entries: u64,
@@ -134,21 +153,7 @@ pub(crate) struct GpuBackend {
     timeout: Duration,
     /// `VerifierOptions::spin_wait`, its default resolved for this adapter.
     spin_wait: Duration,
-    /// Compiled once, by `new`; shared with the backends [`GpuBackend::retuned`] derives.
-    layouts: Arc<Layouts>,
-    /// As `layouts`.
-    pipelines: Arc<Pipelines>,
-    /// The shader variant the pipelines were built from.
-    pub variant: crate::shaders::Variant,
     pool: Mutex<Vec<Workspace>>,
-    /// Bound where a kernel's binding is never read (read-only storage bindings).
-    dummy: wgpu::Buffer,
-    /// Bound where a writable binding is never touched: a buffer of its own, since one buffer
-    /// may not be bound read-only and writable in one dispatch.
-    dummy_rw: wgpu::Buffer,
-    lost: Arc<Mutex<Option<String>>>,
-    owns_device: bool,
-    uncaptured: Arc<AtomicBool>,
     /// Bumped by [`GpuBackend::forget_buffers`]: a workspace whose caller groups are older
     /// drops them at its next call.
     buffer_epoch: std::sync::atomic::AtomicU64,
@@ -196,7 +201,6 @@ impl GpuBackend {
             });
         }
         let wg = workgroup_size(&limits, opts.workgroup_size.unwrap_or(256));
-        let max_binding = max_binding(&limits, opts);
         let variant = crate::shaders::Variant {
             int64: opts.shader_int64 && device.features().contains(wgpu::Features::SHADER_INT64),
             subgroup_lanes: subgroup_lanes(&device, &queue, &info, opts.subgroups),
@@ -208,39 +212,31 @@ impl GpuBackend {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
             (layouts, pipelines, dummies(&device))
         })?;
-        let has_fused_verify = layouts.contains_key(&crate::shaders::Kernel::RowStatsVerify);
-        let tuning = Tuning::resolve(&info, opts, has_fused_verify);
-        Ok(GpuBackend {
+        let kernels = DeviceKernels {
             device,
             queue,
             info,
             wg,
-            target_workgroups: opts.target_workgroups,
-            early_race_entries: tuning.early_race_entries,
-            wide_greedy_chunks: tuning.wide_greedy_chunks,
-            fused_greedy: opts.fused_greedy,
-            fused_verify_chunks: tuning.fused_verify_chunks,
-            max_binding,
-            timeout: opts.timeout,
-            spin_wait: tuning.spin_wait,
-            layouts: Arc::new(layouts),
-            pipelines: Arc::new(pipelines),
+            layouts,
+            pipelines,
             variant,
-            pool: Mutex::new(Vec::new()),
             dummy,
             dummy_rw,
             lost,
             owns_device,
             uncaptured,
-            buffer_epoch: std::sync::atomic::AtomicU64::new(0),
-            groups_made: std::sync::atomic::AtomicU64::new(0),
-            verified_in_stats: std::sync::atomic::AtomicU64::new(0),
-            settled_in_stats: std::sync::atomic::AtomicU64::new(0),
-        })
+        };
+        Ok(GpuBackend::over(Arc::new(kernels), opts))
     }
 
     fn check_alive(&self) -> Result<(), Error> {
-        if let Some(reason) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(reason) = self
+            .kernels
+            .lost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
             return Err(Error::DeviceLost { detail: reason });
         }
         Ok(())
@@ -252,33 +248,28 @@ impl GpuBackend {
     /// checks that `opts` asks for the same kernels. The device's loss and uncaptured-error
     /// flags are shared: one device, one state.
     pub fn retuned(&self, opts: &crate::VerifierOptions) -> GpuBackend {
-        let limits = self.device.limits();
-        let has_fused_verify = self
+        GpuBackend::over(self.kernels.clone(), opts)
+    }
+
+    /// A backend over `kernels` with the tuning of `opts`, an empty pool and zeroed counters:
+    /// what `new` and `retuned` share.
+    fn over(kernels: Arc<DeviceKernels>, opts: &crate::VerifierOptions) -> GpuBackend {
+        let has_fused_verify = kernels
             .layouts
             .contains_key(&crate::shaders::Kernel::RowStatsVerify);
-        let tuning = Tuning::resolve(&self.info, opts, has_fused_verify);
+        let tuning = Tuning::resolve(&kernels.info, opts, has_fused_verify);
+        let max_binding = max_binding(&kernels.device.limits(), opts);
         GpuBackend {
-            device: self.device.clone(),
-            queue: self.queue.clone(),
-            info: self.info.clone(),
-            wg: self.wg,
+            kernels,
             target_workgroups: opts.target_workgroups,
             early_race_entries: tuning.early_race_entries,
             wide_greedy_chunks: tuning.wide_greedy_chunks,
             fused_greedy: opts.fused_greedy,
             fused_verify_chunks: tuning.fused_verify_chunks,
-            max_binding: max_binding(&limits, opts),
+            max_binding,
             timeout: opts.timeout,
             spin_wait: tuning.spin_wait,
-            layouts: self.layouts.clone(),
-            pipelines: self.pipelines.clone(),
-            variant: self.variant,
             pool: Mutex::new(Vec::new()),
-            dummy: self.dummy.clone(),
-            dummy_rw: self.dummy_rw.clone(),
-            lost: self.lost.clone(),
-            owns_device: self.owns_device,
-            uncaptured: self.uncaptured.clone(),
             buffer_epoch: std::sync::atomic::AtomicU64::new(0),
             groups_made: std::sync::atomic::AtomicU64::new(0),
             verified_in_stats: std::sync::atomic::AtomicU64::new(0),
@@ -315,7 +306,7 @@ impl GpuBackend {
         let rows = self.write_metadata(ws, plan, &mut shape, target, draft);
         let ws = &*ws;
         self.bind_callers(ws, &callers(target, draft));
-        scoped(&self.device, || {
+        scoped(&self.kernels.device, || {
             if let Some(ids) = device_ids {
                 Self::record_device_ids(encoder, ws, plan, ids);
             }
@@ -414,7 +405,7 @@ impl GpuBackend {
     /// submissions without an error scope seeing it (the wait then names a submission that was
     /// "not returned by a successful submission"). The loss is sticky: later calls fail fast.
     pub(crate) fn diagnose(&self, detail: String) -> Error {
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = self.kernels.device.poll(wgpu::PollType::Poll);
         if let Err(lost) = self.check_alive() {
             return lost;
         }
@@ -426,7 +417,7 @@ impl GpuBackend {
                 "the device refused work ({})",
                 detail.lines().next().unwrap_or_default()
             );
-            *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+            *self.kernels.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
             return Error::DeviceLost { detail: reason };
         }
         Error::Gpu { detail }

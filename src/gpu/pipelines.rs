@@ -123,10 +123,10 @@ impl GpuBackend {
         entry: &'static str,
         special: u32,
     ) -> &wgpu::ComputePipeline {
-        &self.pipelines[&PipelineKey {
+        &self.kernels.pipelines[&PipelineKey {
             kernel,
             entry,
-            wg: self.wg,
+            wg: self.kernels.wg,
             special,
         }]
     }

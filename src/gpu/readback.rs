@@ -90,7 +90,7 @@ impl GpuBackend {
 
     /// Blocks until `submission` is done (bounded by the timeout).
     pub(crate) fn wait(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), Error> {
-        match self.device.poll(wgpu::PollType::Wait {
+        match self.kernels.device.poll(wgpu::PollType::Wait {
             submission_index: submission,
             timeout: Some(self.timeout),
         }) {
@@ -115,7 +115,7 @@ impl GpuBackend {
     ) -> Result<VerifyWords, Error> {
         let start = std::time::Instant::now();
         let spin = self.spin_wait.min(self.timeout);
-        if let Some(w) = spin_poll(&self.device, spin, || self.collect(ws, words, flag))? {
+        if let Some(w) = spin_poll(&self.kernels.device, spin, || self.collect(ws, words, flag))? {
             return Ok(w);
         }
         self.wait(submission)?;
@@ -135,7 +135,7 @@ impl GpuBackend {
 
     /// One non-blocking poll, for the async path.
     pub(crate) fn poll_once(&self) -> Result<(), Error> {
-        let _ = self.device.poll(wgpu::PollType::Poll);
+        let _ = self.kernels.device.poll(wgpu::PollType::Poll);
         self.check_alive()
     }
 
@@ -178,7 +178,7 @@ impl GpuBackend {
             bytemuck::cast_slice::<u8, u32>(&view).to_vec()
         };
         ws.readback.get().unmap();
-        if self.owns_device && self.uncaptured.swap(false, Ordering::SeqCst) {
+        if self.kernels.owns_device && self.kernels.uncaptured.swap(false, Ordering::SeqCst) {
             return Err(Error::Gpu {
                 detail: "an uncaptured wgpu error was reported during the call".into(),
             });
@@ -208,20 +208,21 @@ impl GpuBackend {
             return Ok(Vec::new());
         }
         let bytes = (n * 4) as u64;
-        let read = scoped(&self.device, || {
-            let read = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let read = scoped(&self.kernels.device, || {
+            let read = self.kernels.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("specdec.test_read"),
                 size: bytes,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("specdec.test_read"),
-                });
+            let mut encoder =
+                self.kernels
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("specdec.test_read"),
+                    });
             encoder.copy_buffer_to_buffer(src, 0, &read, 0, bytes);
-            self.queue.submit([encoder.finish()]);
+            self.kernels.queue.submit([encoder.finish()]);
             read
         })
         .map_err(|e| self.lift(e))?;

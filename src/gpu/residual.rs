@@ -28,11 +28,12 @@ impl GpuBackend {
     /// thirty-second 0.98-0.99x, a sixty-fourth 1.03x (`docs/performance.md`).
     pub fn residual_block_len(&self, vocab: u32, requests: usize) -> u32 {
         let max_blocks = self
+            .kernels
             .device
             .limits()
             .max_compute_workgroups_per_dimension
             .max(1);
-        let lanes = 4 * self.wg;
+        let lanes = 4 * self.kernels.wg;
         let want = (u64::from(vocab) * requests as u64)
             .div_ceil(u64::from(self.target_workgroups / 16).max(1));
         let len = (want.min(u64::from(vocab)) as u32)
@@ -61,7 +62,7 @@ impl GpuBackend {
                         if shape.early {
                             ws.meta_entry(2, ws.meta_at.draft_ids)
                         } else {
-                            r.draft(&self.dummy)
+                            r.draft(&self.kernels.dummy)
                         },
                         ws.meta_entry(3, ws.meta_at.requests),
                         entry(4, ws.row_stats.get()),
@@ -103,10 +104,10 @@ impl GpuBackend {
                         r.target(),
                         ws.meta_entry(2, ws.meta_at.draft_ids),
                         ws.meta_entry(3, ws.meta_at.requests),
-                        entry(4, &self.dummy),
-                        entry(5, &self.dummy),
+                        entry(4, &self.kernels.dummy),
+                        entry(5, &self.kernels.dummy),
                         entry(6, ws.candidates.get()),
-                        entry(7, &self.dummy_rw),
+                        entry(7, &self.kernels.dummy_rw),
                         entry(8, ws.cutoffs.get()),
                     ],
                 )

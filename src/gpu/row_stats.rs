@@ -104,7 +104,7 @@ impl GpuBackend {
     /// (`VerifierOptions::wide_greedy_chunks`; 0: never, as on devices whose workgroups are no
     /// wider than the contract's 64 lanes).
     pub(super) fn wide_max_chunks(&self) -> usize {
-        if self.wg as usize > CHUNK_LANES {
+        if self.kernels.wg as usize > CHUNK_LANES {
             self.wide_greedy_chunks as usize
         } else {
             0
@@ -137,12 +137,12 @@ impl GpuBackend {
                 let mut entries = vec![
                     params_entry(ws),
                     r.target(),
-                    r.draft(&self.dummy),
+                    r.draft(&self.kernels.dummy),
                     ws.meta_entry(3, ws.meta_at.requests),
                     ws.meta_entry(4, ws.meta_at.row_info),
                     entry(5, results),
-                    r.target_vec4(&self.dummy),
-                    r.draft_vec4(&self.dummy),
+                    r.target_vec4(&self.kernels.dummy),
+                    r.draft_vec4(&self.kernels.dummy),
                     entry(8, ws.cutoffs.get()),
                 ];
                 if !shape.verify_in_stats {

@@ -116,7 +116,7 @@ impl Shape {
         max_rows: usize,
         tree: bool,
     ) -> Shape {
-        let limits = g.device.limits();
+        let limits = g.kernels.device.limits();
         let n = plan.num_requests();
         let windows = plan_windows(plan, max_rows);
         let needs_residual = plan.reqs.iter().any(|r| r.flags & REQ_GREEDY == 0);
@@ -180,7 +180,7 @@ impl Shape {
                 params: Vec::new(),
                 slot_size: super::bindings::PARAM_SLOT
                     .max(u64::from(limits.min_uniform_buffer_offset_alignment)),
-                immediates: g.variant.immediates,
+                immediates: g.kernels.variant.immediates,
             },
             align: u64::from(limits.min_storage_buffer_offset_alignment),
             block_len,

@@ -98,18 +98,20 @@ impl GpuBackend {
         let at = scratch(tp, tokens.len());
         shape.out_words = at.headers;
         self.ensure_workspace(ws, plan, &shape);
-        let dev = &self.device;
+        let dev = &self.kernels.device;
         ws.tree_table.ensure(dev, table.len() as u64 * 4);
         // Tree values: 3 per slot, the recursion state 2 per slot, a partial per slot and chunk.
         let values = plan.total_rows as u64 * (5 + u64::from(shape.num_chunks));
         ws.masses.ensure(dev, values * 4);
         ws.out.ensure(dev, at.total as u64 * 4);
         let rows = self.write_metadata(ws, plan, &mut shape, src.target, src.draft);
-        self.queue
+        self.kernels
+            .queue
             .write_buffer(ws.tree_table.get(), 0, bytemuck::cast_slice(&table));
         if !tokens.is_empty() {
             let offset = at.tokens as u64 * 4;
-            self.queue
+            self.kernels
+                .queue
                 .write_buffer(ws.out.get(), offset, bytemuck::cast_slice(&tokens));
         }
         // Sibling levels whose masses the walk may need: children drawn from q, up to the
@@ -127,7 +129,7 @@ impl GpuBackend {
         };
         let ws = &*ws;
         self.bind_callers(ws, &super::callers(src.target, src.draft));
-        scoped(&self.device, || {
+        scoped(&self.kernels.device, || {
             let cutoff = self.cutoff_groups(ws, &shape, &rows);
             let stats = self.row_stats_groups(ws, &shape, &rows);
             let table = ws.tree_table.get().as_entire_buffer_binding();
@@ -135,7 +137,7 @@ impl GpuBackend {
             let tables = [
                 table,
                 ws.masses.get().as_entire_buffer_binding(),
-                self.dummy.as_entire_buffer_binding(),
+                self.kernels.dummy.as_entire_buffer_binding(),
             ];
             let walk = self.verify_group_over(ws, tables);
             let residual = self.residual_groups(ws, &shape, &rows);

@@ -19,7 +19,7 @@ impl GpuBackend {
         target: crate::Logits<'_>,
         draft: Option<crate::Logits<'_>>,
     ) -> Result<(), Error> {
-        let max = self.device.limits().max_buffer_size;
+        let max = self.kernels.device.limits().max_buffer_size;
         let bytes = target.bytes().len() as u64;
         if bytes > max {
             return Err(Error::BatchTooLarge {
@@ -37,13 +37,13 @@ impl GpuBackend {
             let data = rows.bytes();
             // Copies move whole 4-byte words: an odd count of half values gets one pad value.
             let padded = (data.len() as u64).next_multiple_of(4);
-            let buf = grow.ensure(&self.device, padded);
+            let buf = grow.ensure(&self.kernels.device, padded);
             let whole = data.len() / 4 * 4;
-            self.queue.write_buffer(buf, 0, &data[..whole]);
+            self.kernels.queue.write_buffer(buf, 0, &data[..whole]);
             if whole < data.len() {
                 let mut tail = [0u8; 4];
                 tail[..data.len() - whole].copy_from_slice(&data[whole..]);
-                self.queue.write_buffer(buf, whole as u64, &tail);
+                self.kernels.queue.write_buffer(buf, whole as u64, &tail);
             }
         }
         Ok(())
@@ -77,11 +77,12 @@ impl GpuBackend {
         ) -> Result<(), Error>,
     ) -> Result<wgpu::SubmissionIndex, Error> {
         self.upload(ws, target, draft)?;
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("specdec.verify"),
-            });
+        let mut encoder =
+            self.kernels
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("specdec.verify"),
+                });
         // wgpu buffers are reference-counted handles: clones let `record` borrow the workspace
         // mutably while reading from its upload buffers.
         let t_buf = ws.upload_target.get().clone();
@@ -97,7 +98,10 @@ impl GpuBackend {
             ids: None,
         };
         record(self, &mut encoder, ws, src)?;
-        scoped(&self.device, || self.queue.submit([encoder.finish()])).map_err(|e| self.lift(e))
+        scoped(&self.kernels.device, || {
+            self.kernels.queue.submit([encoder.finish()])
+        })
+        .map_err(|e| self.lift(e))
     }
 
     /// Writes the Params slots (one per window, then one per cutoff group) and the plan's
@@ -151,7 +155,7 @@ impl GpuBackend {
             let from = part.0 as usize;
             meta[from..from + bytes.len()].copy_from_slice(bytes);
         }
-        self.queue.write_buffer(ws.meta.get(), 0, &meta);
+        self.kernels.queue.write_buffer(ws.meta.get(), 0, &meta);
         rows
     }
 }

@@ -34,7 +34,7 @@ impl GpuBackend {
         if shape.block_masses {
             ws.masses.get()
         } else {
-            &self.dummy
+            &self.kernels.dummy
         }
     }
 

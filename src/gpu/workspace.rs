@@ -282,8 +282,9 @@ impl GpuBackend {
             .iter()
             .map(|e| match &e.resource {
                 wgpu::BindingResource::Buffer(b) => {
-                    let own =
-                        ws.owns(b.buffer) || *b.buffer == self.dummy || *b.buffer == self.dummy_rw;
+                    let own = ws.owns(b.buffer)
+                        || *b.buffer == self.kernels.dummy
+                        || *b.buffer == self.kernels.dummy_rw;
                     let caller = !own && kept.callers.iter().any(|c| c == b.buffer);
                     callers |= caller;
                     let size = b.size.map_or(u64::MAX, |s| s.get());
@@ -303,17 +304,20 @@ impl GpuBackend {
             }
         }
         // Where the variant takes the Params as immediate data, the layout has no binding 0.
-        let immediates = self.variant.immediates && kernel.takes_params();
+        let immediates = self.kernels.variant.immediates && kernel.takes_params();
         let entries: Vec<_> = entries
             .iter()
             .filter(|e| !(immediates && e.binding == super::bindings::PARAMS_BINDING))
             .cloned()
             .collect();
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(label),
-            layout: &self.layouts[&kernel],
-            entries: &entries,
-        });
+        let group = self
+            .kernels
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &self.kernels.layouts[&kernel],
+                entries: &entries,
+            });
         self.groups_made
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(k) = key {
@@ -354,7 +358,7 @@ impl GpuBackend {
     /// and the cut-offs themselves are only sized for batches that run their passes (the others
     /// bind the dummy or a minimum-size buffer they never read).
     pub(super) fn ensure_workspace(&self, ws: &mut Workspace, plan: &Plan, shape: &Shape) {
-        let dev = &self.device;
+        let dev = &self.kernels.device;
         let n = shape.n;
         let slots = (shape.windows.len() + shape.cut.group_slots).max(1);
         ws.meta_at = MetaLayout::new(

@@ -1092,7 +1092,7 @@ pub fn run_gpu(cfg: &BenchConfig, mut progress: impl FnMut(&str)) -> Result<Benc
         variant: b
             .verifier
             .gpu_backend()
-            .map_or_else(Default::default, |g| g.variant),
+            .map_or_else(Default::default, |g| g.kernels.variant),
         backend: format!("{:?}", info.backend),
         date: today(),
         copy_gbps,
@@ -1268,7 +1268,7 @@ fn ceilings(
     period_ns: f64,
 ) -> Result<(f64, f64), Error> {
     let g = verifier.gpu_backend().expect("GPU verifier");
-    let (device, queue) = (&g.device, &g.queue);
+    let (device, queue) = (&g.kernels.device, &g.kernels.queue);
     let bytes = (src.size() / 2).clamp(16, 1 << 30) & !15;
     let dst = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("bench.copy_dst"),
