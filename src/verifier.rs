@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct VerifierOptions {
     /// How many workgroups a pass over the logits aims for (default 8192): enough to fill a large
-    /// GPU at small batches, few enough to keep each one busy at large batches. Tuning only: the
+    /// GPU at small batches, few enough to keep each one busy at large batches. All-greedy
+    /// batches of 4,096 chunks or more on the wide reduction (`wide_greedy_chunks`) take at
+    /// least three chunks per workgroup whatever it says (faster on an H200). Tuning only: the
     /// results never depend on it.
     pub target_workgroups: u32,
     /// One-hot batches (no draft values) whose sampled requests' draft rows hold at most this
