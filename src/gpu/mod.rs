@@ -208,10 +208,14 @@ impl GpuBackend {
                 && device.features().contains(wgpu::Features::IMMEDIATES)
                 && device.limits().max_immediate_size as usize >= bindings::PARAMS_BYTES,
         };
+        // Pipelines are built on several threads except on wgpu's OpenGL backend, where every
+        // call waits for the one GL context (and wgpu panics after a second of waiting).
+        let parallel = info.backend != wgpu::Backend::Gl;
         let (layouts, pipelines, [dummy, dummy_rw]) = scoped(&device, || {
-            let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
-            (layouts, pipelines, dummies(&device))
-        })?;
+            let (layouts, pipelines) =
+                build_pipelines(&device, variant, wg, opts.shader_checks, parallel)?;
+            Ok::<_, Error>((layouts, pipelines, dummies(&device)))
+        })??;
         let kernels = DeviceKernels {
             device,
             queue,

@@ -152,15 +152,22 @@ pub(super) type Pipelines = HashMap<PipelineKey, wgpu::ComputePipeline>;
 
 /// Builds every kernel's layout and pipelines (every entry point, every specialisation) for
 /// workgroup size `wg`, with naga's runtime `checks` (`None`: [`default_checks`]). Call inside an
-/// error scope: creation errors are reported there.
+/// error scope: creation errors of the modules and layouts are reported there, the pipelines'
+/// in the error this returns. With `parallel`, the pipelines are built on up to
+/// `available_parallelism` threads: the driver compiles each one on the calling thread (on
+/// lavapipe nearly all of a verifier's ~18 s of creation), and the pipelines do not depend on
+/// one another.
 pub(super) fn build_pipelines(
     device: &wgpu::Device,
     variant: crate::shaders::Variant,
     wg: u32,
     checks: Option<wgpu::ShaderRuntimeChecks>,
-) -> (Layouts, Pipelines) {
+    parallel: bool,
+) -> Result<(Layouts, Pipelines), crate::Error> {
     let mut layouts = HashMap::new();
-    let mut pipelines = HashMap::new();
+    // Per kernel: its modules (the second one for row_stats_verify's lane runs) and pipeline
+    // layout, which the jobs below borrow.
+    let mut parts = Vec::new();
     let storage_buffers = device.limits().max_storage_buffers_per_shader_stage;
     for kernel in Kernel::ALL {
         // row_stats_verify binds more storage buffers than the other kernels; a device that
@@ -204,40 +211,104 @@ pub(super) fn build_pipelines(
                 0
             },
         });
-        for (&entry, &special) in kernel
-            .entry_points()
-            .iter()
-            .flat_map(|e| specials(kernel).iter().map(move |s| (e, s)))
-            .filter(|&(&e, &s)| built(kernel, e, s))
-        {
-            let constants = override_constants(kernel, wg, special, variant);
-            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&format!("{label}.{entry}")),
-                layout: Some(&pl),
-                module: match &lane_runs {
-                    Some(m) if special & SPECIAL_SHARED_RUNS != 0 => m,
-                    _ => &module,
-                },
-                entry_point: Some(entry),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &constants,
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-            pipelines.insert(
-                PipelineKey {
-                    kernel,
-                    entry,
-                    wg,
-                    special,
-                },
-                pipeline,
-            );
-        }
         layouts.insert(kernel, bgl);
+        parts.push((kernel, label, module, lane_runs, pl));
     }
-    (layouts, pipelines)
+    let jobs: Vec<Job<'_>> = parts
+        .iter()
+        .flat_map(|(kernel, label, module, lane_runs, pl)| {
+            let kernel = *kernel;
+            kernel
+                .entry_points()
+                .iter()
+                .flat_map(move |e| specials(kernel).iter().map(move |s| (*e, *s)))
+                .filter(move |&(e, s)| built(kernel, e, s))
+                .map(move |(entry, special)| Job {
+                    key: PipelineKey {
+                        kernel,
+                        entry,
+                        wg,
+                        special,
+                    },
+                    label: format!("{label}.{entry}"),
+                    layout: pl,
+                    module: match lane_runs {
+                        Some(m) if special & SPECIAL_SHARED_RUNS != 0 => m,
+                        _ => module,
+                    },
+                    constants: override_constants(kernel, wg, special, variant),
+                })
+        })
+        .collect();
+    let threads = if parallel {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    } else {
+        1
+    };
+    Ok((layouts, build_jobs(device, &jobs, threads)?))
+}
+
+/// One compute pipeline of [`build_pipelines`]: its key, label, layout, module and constants.
+struct Job<'a> {
+    key: PipelineKey,
+    label: String,
+    layout: &'a wgpu::PipelineLayout,
+    module: &'a wgpu::ShaderModule,
+    constants: Vec<(&'static str, f64)>,
+}
+
+impl Job<'_> {
+    fn build(&self, device: &wgpu::Device) -> wgpu::ComputePipeline {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&self.label),
+            layout: Some(self.layout),
+            module: self.module,
+            entry_point: Some(self.key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &self.constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        })
+    }
+}
+
+/// Builds `jobs` on `threads` threads (this one alone for 1), each taking the next job not
+/// taken. wgpu's error scopes belong to the thread that pushed them, so each worker wraps its
+/// jobs in scopes of its own and the first error any of them saw is returned.
+fn build_jobs(
+    device: &wgpu::Device,
+    jobs: &[Job<'_>],
+    threads: usize,
+) -> Result<Pipelines, crate::Error> {
+    if threads <= 1 {
+        return Ok(jobs.iter().map(|j| (j.key, j.build(device))).collect());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let worker = || {
+        super::bindings::scoped(device, || {
+            let mut built = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break built };
+                built.push((job.key, job.build(device)));
+            }
+        })
+    };
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.min(jobs.len()))
+            .map(|_| s.spawn(worker))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut pipelines = HashMap::new();
+    for r in results {
+        pipelines.extend(r?);
+    }
+    Ok(pipelines)
 }
 
 /// Whether `entry` is built in `special`: row_stats' `block_wide` and `block_wide_settle` are
