@@ -273,6 +273,38 @@ fn selftest_passes_on_the_gpu() {
     assert!(t.contains("11 passed, 0 failed"), "{t}");
 }
 
+#[test]
+fn a_pipeline_the_driver_rejects_is_a_gpu_error_not_a_panic() {
+    // Pipelines are built on several threads, each worker in error scopes of its own (wgpu's
+    // scopes belong to the thread that pushed them): a kernel whose entry point is missing must
+    // still make `Verifier::new` return `Error::Gpu` naming it, so the command says so on one
+    // line and exits with 1. verify.wgsl with `block_settle` renamed, through
+    // SPECDEC_SHADER_DIR.
+    if skip_gpu() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("specdec-broken-kernel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/verify.wgsl"))
+        .unwrap();
+    assert!(src.contains("fn block_settle("), "the entry point to break");
+    let broken = src.replace("fn block_settle(", "fn block_settle_renamed(");
+    std::fs::write(dir.join("verify.wgsl"), broken).unwrap();
+    let o = specdec(
+        &["selftest", "--quick", "--gpu"],
+        &[("SPECDEC_SHADER_DIR", dir.to_str().unwrap())],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.starts_with("specdec selftest: GPU error"), "{t}");
+    assert!(
+        t.contains("Unable to find entry point 'block_settle'"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+}
+
 /// The GPU bench's dispatch-chain floor line: for 1 and 256 workgroups, a positive GPU time for
 /// each of 1 to 4 dependent dispatches.
 fn assert_chain_floor(out: &str) {
