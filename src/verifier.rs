@@ -11,7 +11,7 @@ use crate::gpu::{self, DeviceIds, GpuBackend, GpuDraft, GpuRows, MapFlag, Timest
 use rand_pcg::rand_core::{Rng, SeedableRng};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -217,9 +217,6 @@ pub struct Verifier {
     backend: Backend,
     opts: VerifierOptions,
     seeds: Mutex<rand_pcg::Pcg64>,
-    /// Held by host-path calls on wgpu's OpenGL backend (see [`Verifier::serialize`]); shared
-    /// by the verifiers of one device ([`Verifier::with_tuning`]), which share its context.
-    gl_calls: Arc<Mutex<()>>,
 }
 
 /// A batch whose logits already live in GPU buffers of the verifier's device.
@@ -356,9 +353,7 @@ impl Verifier {
             });
         }
         let backend = g.retuned(&opts);
-        let mut v = Self::build(Backend::Gpu(Box::new(backend)), opts);
-        v.gl_calls = self.gl_calls.clone();
-        Ok(v)
+        Ok(Self::build(Backend::Gpu(Box::new(backend)), opts))
     }
 
     fn build(backend: Backend, opts: VerifierOptions) -> Verifier {
@@ -372,7 +367,6 @@ impl Verifier {
             backend,
             opts,
             seeds: Mutex::new(rand_pcg::Pcg64::seed_from_u64(seed)),
-            gl_calls: Arc::new(Mutex::new(())),
         }
     }
 
@@ -384,7 +378,7 @@ impl Verifier {
     fn serialize(&self) -> Option<MutexGuard<'_, ()>> {
         match &self.backend {
             Backend::Gpu(g) if g.kernels.info.backend == wgpu::Backend::Gl => {
-                Some(self.gl_calls.lock().unwrap_or_else(|e| e.into_inner()))
+                Some(g.kernels.gl_calls.lock().unwrap_or_else(|e| e.into_inner()))
             }
             _ => None,
         }

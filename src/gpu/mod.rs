@@ -134,6 +134,10 @@ pub(crate) struct DeviceKernels {
     lost: Arc<Mutex<Option<String>>>,
     owns_device: bool,
     uncaptured: Arc<AtomicBool>,
+    /// Held by a verifier's host-path calls on wgpu's OpenGL backend
+    /// (`Verifier::serialize`): one lock per device, since every verifier over it
+    /// (`Verifier::with_tuning`) shares its one GL context.
+    pub gl_calls: Mutex<()>,
 }
 
 /// The device's kernels (shared), this verifier's tuning, and its workspace pool and counters.
@@ -229,6 +233,7 @@ impl GpuBackend {
             lost,
             owns_device,
             uncaptured,
+            gl_calls: Mutex::new(()),
         };
         Ok(GpuBackend::over(Arc::new(kernels), opts))
     }
