@@ -6,7 +6,8 @@
 // num_chunks per row) as row_stats wrote it, at least the fields the merge folds, and
 // `load_drafted_values(i)`: its values at the drafted token (t_at_d, q_at_d), and the workgroup
 // slots of the row-run folds (one a lane, 64): `put_run(i, st)` and `run_at(i)`, which gives back
-// at least the fields `fold` reads and load_partial's t_at_d / q_at_d.
+// at least the fields `fold` reads and load_partial's t_at_d / q_at_d, and the constant
+// `RUN_LOADS_AT_ONCE` (fold_run).
 
 // Folds chunk partial `o` into `acc` (chunk order: `acc` holds the chunks before `o`).
 fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
@@ -44,10 +45,15 @@ fn run_len() -> u32 {
     return max(8u, (params.num_chunks + 7u) / 8u);
 }
 
-// Folds chunk partials [c0, c1) of `row` in chunk order. Loads go out 4 at a time (named
-// values) before they are folded, so a run costs a few memory latencies, not one per chunk.
+// Folds chunk partials [c0, c1) of `row` in chunk order. Where the including module's
+// RUN_LOADS_AT_ONCE is set, a run of at most 8 chunks (every run of a row of at most 64 chunks,
+// V <= 262,144) without raw sums or entropy folds through fold_run8; otherwise loads go out 4
+// at a time before they are folded, so a run costs a few memory latencies, not one per chunk.
 fn fold_run(row: u32, c0: u32, c1: u32, with_sum: bool, inv_t: f32) -> RowStats {
     let base = row * params.num_chunks;
+    if (RUN_LOADS_AT_ONCE && !RAW_SUMS && !ENTROPY && c1 - c0 <= 8u) {
+        return fold_run8(base + c0, c1 - c0, with_sum, inv_t);
+    }
     var acc = load_partial(base + c0);
     var c = c0 + 1u;
     for (; c + 4u <= c1; c += 4u) {
@@ -64,6 +70,96 @@ fn fold_run(row: u32, c0: u32, c1: u32, with_sum: bool, inv_t: f32) -> RowStats 
         acc = fold(acc, load_partial(base + c), with_sum, inv_t);
     }
     return acc;
+}
+
+// fold_run for a run of n <= 8 partials from partial `first`: the same operations as n - 1
+// folds, in the same order, written without branches. The running maxima come first (a max
+// each); every exp depends on them alone, so the compiler may issue all of them before the
+// sums' chains (a multiply and an add per partial), where `fold`'s branches keep each fold's
+// exps behind the fold before it. All 8 loads go out first; past n the last partial is loaded
+// again and not folded (select keeps the state).
+fn fold_run8(first: u32, n: u32, with_sum: bool, inv_t: f32) -> RowStats {
+    let last = first + n - 1u;
+    var acc = load_partial(first);
+    let p1 = load_partial(min(first + 1u, last));
+    let p2 = load_partial(min(first + 2u, last));
+    let p3 = load_partial(min(first + 3u, last));
+    let p4 = load_partial(min(first + 4u, last));
+    let p5 = load_partial(min(first + 5u, last));
+    let p6 = load_partial(min(first + 6u, last));
+    let p7 = load_partial(min(first + 7u, last));
+    let v = array<bool, 8>(true, n > 1u, n > 2u, n > 3u, n > 4u, n > 5u, n > 6u, n > 7u);
+    let m0 = acc.t_max;
+    let m1 = next_max(m0, p1.t_max, v[1]);
+    let m2 = next_max(m1, p2.t_max, v[2]);
+    let m3 = next_max(m2, p3.t_max, v[3]);
+    let m4 = next_max(m3, p4.t_max, v[4]);
+    let m5 = next_max(m4, p5.t_max, v[5]);
+    let m6 = next_max(m5, p6.t_max, v[6]);
+    let m7 = next_max(m6, p7.t_max, v[7]);
+    if (with_sum) {
+        var s = acc.t_sum;
+        s = side_step(s, m0, m1, p1.t_max, p1.t_sum, inv_t, v[1]);
+        s = side_step(s, m1, m2, p2.t_max, p2.t_sum, inv_t, v[2]);
+        s = side_step(s, m2, m3, p3.t_max, p3.t_sum, inv_t, v[3]);
+        s = side_step(s, m3, m4, p4.t_max, p4.t_sum, inv_t, v[4]);
+        s = side_step(s, m4, m5, p5.t_max, p5.t_sum, inv_t, v[5]);
+        s = side_step(s, m5, m6, p6.t_max, p6.t_sum, inv_t, v[6]);
+        s = side_step(s, m6, m7, p7.t_max, p7.t_sum, inv_t, v[7]);
+        acc.t_sum = s;
+    }
+    var a = acc.t_arg;
+    a = arg_step(m0, a, p1, v[1]);
+    a = arg_step(m1, a, p2, v[2]);
+    a = arg_step(m2, a, p3, v[3]);
+    a = arg_step(m3, a, p4, v[4]);
+    a = arg_step(m4, a, p5, v[5]);
+    a = arg_step(m5, a, p6, v[6]);
+    a = arg_step(m6, a, p7, v[7]);
+    acc.t_arg = a;
+    acc.t_max = m7;
+    if (params.draft_kind == DRAFT_LOGITS) {
+        let q0 = acc.q_max;
+        let q1 = next_max(q0, p1.q_max, v[1]);
+        let q2 = next_max(q1, p2.q_max, v[2]);
+        let q3 = next_max(q2, p3.q_max, v[3]);
+        let q4 = next_max(q3, p4.q_max, v[4]);
+        let q5 = next_max(q4, p5.q_max, v[5]);
+        let q6 = next_max(q5, p6.q_max, v[6]);
+        let q7 = next_max(q6, p7.q_max, v[7]);
+        var s = acc.q_sum;
+        s = side_step(s, q0, q1, p1.q_max, p1.q_sum, inv_t, v[1]);
+        s = side_step(s, q1, q2, p2.q_max, p2.q_sum, inv_t, v[2]);
+        s = side_step(s, q2, q3, p3.q_max, p3.q_sum, inv_t, v[3]);
+        s = side_step(s, q3, q4, p4.q_max, p4.q_sum, inv_t, v[4]);
+        s = side_step(s, q4, q5, p5.q_max, p5.q_sum, inv_t, v[5]);
+        s = side_step(s, q5, q6, p6.q_max, p6.q_sum, inv_t, v[6]);
+        s = side_step(s, q6, q7, p7.q_max, p7.q_sum, inv_t, v[7]);
+        acc.q_max = q7;
+        acc.q_sum = s;
+    }
+    acc.flags |= select(0u, p1.flags, v[1]) | select(0u, p2.flags, v[2]) | select(0u, p3.flags, v[3]) | select(0u, p4.flags, v[4]) | select(0u, p5.flags, v[5]) | select(0u, p6.flags, v[6]) | select(0u, p7.flags, v[7]);
+    return acc;
+}
+
+// A running maximum after folding a partial of maximum `o` (kept as `m` where the partial is
+// past the run).
+fn next_max(m: f32, o: f32, valid: bool) -> f32 {
+    return select(m, max(m, o), valid);
+}
+
+// One fold of a softmax side's sum, as `fold` computes it: rescale(m, s, m_new) +
+// rescale(om, os, m_new), each rescale written as a select so that its exp does not wait for s.
+fn side_step(s: f32, m: f32, m_new: f32, om: f32, os: f32, inv_t: f32, valid: bool) -> f32 {
+    let mine = select(s * exp((m - m_new) * inv_t), 0.0, is_neg_inf(m));
+    let other = select(os * exp((om - m_new) * inv_t), 0.0, is_neg_inf(om));
+    return select(s, mine + other, valid);
+}
+
+// fold's argmax rule for partial `o` against a state of maximum m and argmax a.
+fn arg_step(m: f32, a: u32, o: RowStats, valid: bool) -> u32 {
+    let takes = o.t_max > m || (o.t_max == m && o.t_arg < a);
+    return select(a, o.t_arg, valid && takes);
 }
 
 // Merges the chunk partials of `row` on one lane: each run in chunk order, then the runs in run
