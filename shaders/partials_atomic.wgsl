@@ -12,9 +12,10 @@
 // After the partials, from word `params.settle_base`: one count per request (row_stats_verify.wgsl).
 @group(0) @binding(5) var<storage, read_write> partial_words: array<atomic<u32>>;
 
-// verify_request's fold_run issues a run's loads at once: a partial here is the 4 to 6 words a
-// decision reads (row_stats_verify on an H200: R = 1 sampled batches 0.98x).
-const RUN_LOADS_AT_ONCE: bool = true;
+// verify_request's fold_run takes fold_run8 (a run's loads at once, its folds without branches):
+// a partial here is the 4 to 6 words a decision reads (row_stats_verify on an H200: R = 1
+// sampled batches 0.98x).
+const BRANCHLESS_RUN_FOLDS: bool = true;
 
 // Stores chunk partial i (row-major, num_chunks per row).
 fn store_partial(i: u32, st: RowStats) {

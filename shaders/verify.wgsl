@@ -46,10 +46,10 @@ override ENTROPY: bool = false;
 override WIDE: bool = false;
 override VERIFY_WG: u32 = select(64u, max(WG, 64u), WIDE);
 
-// A partial here is a whole 48-byte RowStats: a run's loads issued at once (fold_run8) made
-// verify's pass slower, 10.3-12.3 -> 13.7-15.8 us at R = 8, k = 8, V = 151,936 on an H200,
-// so verify folds in rounds of 4 loads.
-const RUN_LOADS_AT_ONCE: bool = false;
+// A partial here is a whole 48-byte RowStats: fold_run8 (a run's loads at once) made verify's
+// pass slower, 10.3-12.3 -> 13.7-15.8 us at R = 8, k = 8, V = 151,936 on an H200, so verify
+// folds `fold` by `fold` after rounds of 4 loads.
+const BRANCHLESS_RUN_FOLDS: bool = false;
 
 // Chunk partial i, as row_stats wrote it (verify_request.wgsl reads the partials through it).
 fn load_partial(i: u32) -> RowStats {
