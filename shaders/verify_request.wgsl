@@ -80,7 +80,7 @@ fn fold_run(row: u32, c0: u32, c1: u32, with_sum: bool, inv_t: f32) -> RowStats 
 // keeps the state). Fold by fold through `fold`, a run's folds cost row_stats_verify's tail
 // about 1.5 us at R = 1 on an H200; this form took the call 0.98x (docs/performance.md).
 // (The target and draft sides are written out in full: this is the form measured on an H200;
-// a factoring through array helpers has not been timed.)
+// the same steps factored into functions over arrays have not been timed.)
 fn fold_run8(first: u32, n: u32, with_sum: bool, inv_t: f32) -> RowStats {
     let last = first + n - 1u;
     var acc = load_partial(first);
