@@ -154,7 +154,8 @@ fn next_max(m: f32, o: f32, valid: bool) -> f32 {
 }
 
 // One fold of a softmax side's sum, as `fold` computes it: rescale(m, s, m_new) +
-// rescale(om, os, m_new), each rescale written as a select so that its exp does not wait for s.
+// rescale(om, os, m_new) (common.wgsl), each rescale written as a select instead of rescale's
+// branch, as the whole of fold_run8 is written: the form measured against `fold`'s.
 fn side_step(s: f32, m: f32, m_new: f32, om: f32, os: f32, inv_t: f32, valid: bool) -> f32 {
     let mine = select(s * exp((m - m_new) * inv_t), 0.0, is_neg_inf(m));
     let other = select(os * exp((om - m_new) * inv_t), 0.0, is_neg_inf(om));
