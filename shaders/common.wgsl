@@ -258,6 +258,13 @@ fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
     return lp;
 }
 
+// The argmax rule of every merge of maxima (row_stats' lane trees, verify's chunk folds): the
+// larger maximum wins, equal maxima go to the lower index, so a row's argmax does not depend on
+// the order of its folds.
+fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
+    return m_other > m_self || (m_other == m_self && a_other < a_self);
+}
+
 // Rescaled sum of one side of a merge; a -inf side contributes nothing (avoids -inf - -inf).
 // Used by row_stats' chunk folds and by the chunk merge in verify.
 fn rescale(m: f32, s: f32, m_new: f32, inv_t: f32) -> f32 {

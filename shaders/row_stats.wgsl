@@ -76,11 +76,6 @@ fn ent_term(x: f32, m: f32, inv_t: f32) -> f32 {
     return exp(z) * z;
 }
 
-// argmax merge: larger value wins, equal values go to the lower index.
-fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
-    return m_other > m_self || (m_other == m_self && a_other < a_self);
-}
-
 // load_target and load_draft (and residual_argmax's loaders) differ only in the binding they
 // read: core WGSL cannot pass a storage array to a function (that needs the
 // unrestricted_pointer_parameters extension, not available everywhere), so each binding gets its

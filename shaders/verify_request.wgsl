@@ -20,7 +20,7 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
         }
         acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
     }
-    if (o.t_max > acc.t_max || (o.t_max == acc.t_max && o.t_arg < acc.t_arg)) {
+    if (takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg)) {
         acc.t_arg = o.t_arg;
     }
     acc.t_max = m_new;
@@ -79,8 +79,9 @@ fn fold_run(row: u32, c0: u32, c1: u32, with_sum: bool, inv_t: f32) -> RowStats 
 // All 8 loads go out first; past n the last partial is loaded again and not folded (select
 // keeps the state). Fold by fold through `fold`, a run's folds cost row_stats_verify's tail
 // about 1.5 us at R = 1 on an H200; this form took the call 0.98x (docs/performance.md).
-// (The target and draft sides are written out in full: this is the form measured on an H200;
-// the same steps factored into functions over arrays have not been timed.)
+// The target and draft sides share run_maxima8 and run_sum8 (arrays indexed by constants
+// only, so they stay in registers; timed against the sides written out in full,
+// docs/performance.md).
 fn fold_run8(first: u32, n: u32, with_sum: bool, inv_t: f32) -> RowStats {
     let last = first + n - 1u;
     var acc = load_partial(first);
@@ -92,59 +93,62 @@ fn fold_run8(first: u32, n: u32, with_sum: bool, inv_t: f32) -> RowStats {
     let p6 = load_partial(min(first + 6u, last));
     let p7 = load_partial(min(first + 7u, last));
     let v = array<bool, 8>(true, n > 1u, n > 2u, n > 3u, n > 4u, n > 5u, n > 6u, n > 7u);
-    let m0 = acc.t_max;
-    let m1 = next_max(m0, p1.t_max, v[1]);
-    let m2 = next_max(m1, p2.t_max, v[2]);
-    let m3 = next_max(m2, p3.t_max, v[3]);
-    let m4 = next_max(m3, p4.t_max, v[4]);
-    let m5 = next_max(m4, p5.t_max, v[5]);
-    let m6 = next_max(m5, p6.t_max, v[6]);
-    let m7 = next_max(m6, p7.t_max, v[7]);
+    let t_maxes = array<f32, 8>(acc.t_max, p1.t_max, p2.t_max, p3.t_max, p4.t_max, p5.t_max, p6.t_max, p7.t_max);
+    let m = run_maxima8(t_maxes, v);
     if (with_sum) {
-        var s = acc.t_sum;
-        s = side_step(s, m0, m1, p1.t_max, p1.t_sum, inv_t, v[1]);
-        s = side_step(s, m1, m2, p2.t_max, p2.t_sum, inv_t, v[2]);
-        s = side_step(s, m2, m3, p3.t_max, p3.t_sum, inv_t, v[3]);
-        s = side_step(s, m3, m4, p4.t_max, p4.t_sum, inv_t, v[4]);
-        s = side_step(s, m4, m5, p5.t_max, p5.t_sum, inv_t, v[5]);
-        s = side_step(s, m5, m6, p6.t_max, p6.t_sum, inv_t, v[6]);
-        s = side_step(s, m6, m7, p7.t_max, p7.t_sum, inv_t, v[7]);
-        acc.t_sum = s;
+        let t_sums = array<f32, 8>(acc.t_sum, p1.t_sum, p2.t_sum, p3.t_sum, p4.t_sum, p5.t_sum, p6.t_sum, p7.t_sum);
+        acc.t_sum = run_sum8(t_sums, t_maxes, m, inv_t, v);
     }
     var a = acc.t_arg;
-    a = arg_step(m0, a, p1, v[1]);
-    a = arg_step(m1, a, p2, v[2]);
-    a = arg_step(m2, a, p3, v[3]);
-    a = arg_step(m3, a, p4, v[4]);
-    a = arg_step(m4, a, p5, v[5]);
-    a = arg_step(m5, a, p6, v[6]);
-    a = arg_step(m6, a, p7, v[7]);
+    a = arg_step(m[0], a, p1, v[1]);
+    a = arg_step(m[1], a, p2, v[2]);
+    a = arg_step(m[2], a, p3, v[3]);
+    a = arg_step(m[3], a, p4, v[4]);
+    a = arg_step(m[4], a, p5, v[5]);
+    a = arg_step(m[5], a, p6, v[6]);
+    a = arg_step(m[6], a, p7, v[7]);
     acc.t_arg = a;
-    acc.t_max = m7;
+    acc.t_max = m[7];
     if (params.draft_kind == DRAFT_LOGITS) {
-        let q0 = acc.q_max;
-        let q1 = next_max(q0, p1.q_max, v[1]);
-        let q2 = next_max(q1, p2.q_max, v[2]);
-        let q3 = next_max(q2, p3.q_max, v[3]);
-        let q4 = next_max(q3, p4.q_max, v[4]);
-        let q5 = next_max(q4, p5.q_max, v[5]);
-        let q6 = next_max(q5, p6.q_max, v[6]);
-        let q7 = next_max(q6, p7.q_max, v[7]);
-        var s = acc.q_sum;
-        s = side_step(s, q0, q1, p1.q_max, p1.q_sum, inv_t, v[1]);
-        s = side_step(s, q1, q2, p2.q_max, p2.q_sum, inv_t, v[2]);
-        s = side_step(s, q2, q3, p3.q_max, p3.q_sum, inv_t, v[3]);
-        s = side_step(s, q3, q4, p4.q_max, p4.q_sum, inv_t, v[4]);
-        s = side_step(s, q4, q5, p5.q_max, p5.q_sum, inv_t, v[5]);
-        s = side_step(s, q5, q6, p6.q_max, p6.q_sum, inv_t, v[6]);
-        s = side_step(s, q6, q7, p7.q_max, p7.q_sum, inv_t, v[7]);
-        acc.q_max = q7;
-        acc.q_sum = s;
+        let q_maxes = array<f32, 8>(acc.q_max, p1.q_max, p2.q_max, p3.q_max, p4.q_max, p5.q_max, p6.q_max, p7.q_max);
+        let q_sums = array<f32, 8>(acc.q_sum, p1.q_sum, p2.q_sum, p3.q_sum, p4.q_sum, p5.q_sum, p6.q_sum, p7.q_sum);
+        let qm = run_maxima8(q_maxes, v);
+        acc.q_sum = run_sum8(q_sums, q_maxes, qm, inv_t, v);
+        acc.q_max = qm[7];
     }
     acc.flags |= select(0u, p1.flags, v[1]) | select(0u, p2.flags, v[2]) | select(0u, p3.flags, v[3])
         | select(0u, p4.flags, v[4]) | select(0u, p5.flags, v[5]) | select(0u, p6.flags, v[6])
         | select(0u, p7.flags, v[7]);
     return acc;
+}
+
+// One softmax side's running maxima over a run of fold_run8: element 0 is the first partial's
+// maximum, element i the maximum after folding partial i (`maxes[i]`; kept where `v[i]` marks it
+// past the run).
+fn run_maxima8(maxes: array<f32, 8>, v: array<bool, 8>) -> array<f32, 8> {
+    let m1 = next_max(maxes[0], maxes[1], v[1]);
+    let m2 = next_max(m1, maxes[2], v[2]);
+    let m3 = next_max(m2, maxes[3], v[3]);
+    let m4 = next_max(m3, maxes[4], v[4]);
+    let m5 = next_max(m4, maxes[5], v[5]);
+    let m6 = next_max(m5, maxes[6], v[6]);
+    let m7 = next_max(m6, maxes[7], v[7]);
+    return array<f32, 8>(maxes[0], m1, m2, m3, m4, m5, m6, m7);
+}
+
+// One softmax side's sum over a run of fold_run8: the partials' sums `sums` (maxima `maxes`)
+// folded one by one from the first, in fold's order, with the running maxima `m` of
+// run_maxima8.
+fn run_sum8(sums: array<f32, 8>, maxes: array<f32, 8>, m: array<f32, 8>, inv_t: f32, v: array<bool, 8>) -> f32 {
+    var s = sums[0];
+    s = side_step(s, m[0], m[1], maxes[1], sums[1], inv_t, v[1]);
+    s = side_step(s, m[1], m[2], maxes[2], sums[2], inv_t, v[2]);
+    s = side_step(s, m[2], m[3], maxes[3], sums[3], inv_t, v[3]);
+    s = side_step(s, m[3], m[4], maxes[4], sums[4], inv_t, v[4]);
+    s = side_step(s, m[4], m[5], maxes[5], sums[5], inv_t, v[5]);
+    s = side_step(s, m[5], m[6], maxes[6], sums[6], inv_t, v[6]);
+    s = side_step(s, m[6], m[7], maxes[7], sums[7], inv_t, v[7]);
+    return s;
 }
 
 // A running maximum after folding a partial of maximum `o` (kept as `m` where the partial is
@@ -164,8 +168,7 @@ fn side_step(s: f32, m: f32, m_new: f32, om: f32, os: f32, inv_t: f32, valid: bo
 
 // fold's argmax rule for partial `o` against a state of maximum m and argmax a.
 fn arg_step(m: f32, a: u32, o: RowStats, valid: bool) -> u32 {
-    let takes = o.t_max > m || (o.t_max == m && o.t_arg < a);
-    return select(a, o.t_arg, valid && takes);
+    return select(a, o.t_arg, valid && takes_other(m, a, o.t_max, o.t_arg));
 }
 
 // Merges the chunk partials of `row` on one lane: each run in chunk order, then the runs in run
