@@ -422,7 +422,8 @@ fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 // `block_wide` for batches the host lets settle here (all-greedy, at most 64 rows a request,
 // not a tree, any size; `Shape::settle_in_stats`). The chunk results go to the output buffer,
 // bound at 5 in place of the chunk partials, from word `params.settle_base` (three words a
-// chunk: the maximum, its lowest index, the flags). The last workgroup of each request to
+// workgroup's block of chunks: the maximum, its lowest index, the flags; a row's blocks in its
+// first stats_blocks slots of num_chunks). The last workgroup of each request to
 // finish (a count per request after the partials, which the host zeroes before the pass)
 // merges the request's rows and settles it as verify's greedy path does (`merge_greedy_rows`,
 // then `settle_from_registers` and `settle_stop` for a greedy request): the same tokens,
@@ -443,14 +444,37 @@ var<workgroup> st_last: u32;
 fn block_wide_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     var job = row_job(wid.x, wid.y);
     job.vec4_path = f32_vec4_path(job);
+    settle_block(job, wid.x, lane, max_chunk(job, job.first_chunk, lane));
+}
+
+// block_wide_settle for blocks of several chunks (`Shape::block_chunks` > 1, from 4,096 chunks):
+// the block's chunks pushed onto one state per lane and folded once. A maximum and the lowest
+// index holding it do not depend on how the entries were grouped, so the block's result is its
+// chunks' merged, and the workgroup's loads meet one tree instead of one a chunk (H200: greedy
+// GPU time 0.95-0.97x at R = 128, docs/performance.md). An entry of its own: in
+// block_wide_settle, as its only form or behind a branch, the loop made calls of one-chunk
+// blocks (whose first pushes start from constants in max_chunk) up to 8 % slower (2,048-2,736
+// chunks) and 4 % (R = 1).
+@compute @workgroup_size(WG)
+fn block_wide_settle_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    var job = row_job(wid.x, wid.y);
+    job.vec4_path = f32_vec4_path(job);
+    var lane_t = acc_new();
     for (var chunk = job.first_chunk; chunk < job.last_chunk; chunk += 1u) {
-        let t = max_chunk(job, chunk, lane);
-        if (lane == 0u) {
-            let w = params.settle_base + 3u * (job.row * params.num_chunks + chunk);
-            atomicStore(&settle_words[w], bitcast<u32>(t.m));
-            atomicStore(&settle_words[w + 1u], t.a);
-            atomicStore(&settle_words[w + 2u], t.flags);
-        }
+        lane_t = max_lane(job, chunk, lane, lane_t);
+    }
+    settle_block(job, wid.x, lane, max_fold(lane_t, lane));
+}
+
+// A block's result `t` (valid in lane 0) written to its slot (a row's blocks take its first
+// stats_blocks slots, in block order), the workgroup counted, and the request settled by its
+// last workgroup. Every invocation calls it.
+fn settle_block(job: RowJob, block: u32, lane: u32, t: Acc) {
+    if (lane == 0u) {
+        let w = params.settle_base + 3u * (job.row * params.stats_blocks + block);
+        atomicStore(&settle_words[w], bitcast<u32>(t.m));
+        atomicStore(&settle_words[w + 1u], t.a);
+        atomicStore(&settle_words[w + 2u], t.flags);
     }
     let r = row_info[job.row].x;
     let info = requests[r];
@@ -474,7 +498,6 @@ fn block_wide_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
 // atomic min over the partials holding it, as merge_greedy_rows) and the request settled: lane
 // i holds row i (rows <= 64).
 fn settle_request(r: u32, info: ReqInfo, lane: u32) {
-    let n = params.num_chunks;
     let k = info.num_drafts;
     let rows = k + 1u;
     var drafted = -1;
@@ -488,17 +511,19 @@ fn settle_request(r: u32, info: ReqInfo, lane: u32) {
         atomicStore(&st_stop, k);
     }
     workgroupBarrier();
-    let first = params.settle_base + 3u * info.row_offset * n;
-    for (var p = lane; p < rows * n; p += WG) {
+    // One slot per block of chunks, nb a row (block_wide_settle).
+    let nb = params.stats_blocks;
+    let first = params.settle_base + 3u * info.row_offset * nb;
+    for (var p = lane; p < rows * nb; p += WG) {
         let w = first + 3u * p;
-        atomicMax(&st_key[p / n], order_key(bitcast<f32>(atomicLoad(&settle_words[w]))));
-        atomicOr(&st_flags[p / n], atomicLoad(&settle_words[w + 2u]));
+        atomicMax(&st_key[p / nb], order_key(bitcast<f32>(atomicLoad(&settle_words[w]))));
+        atomicOr(&st_flags[p / nb], atomicLoad(&settle_words[w + 2u]));
     }
     workgroupBarrier();
-    for (var p = lane; p < rows * n; p += WG) {
+    for (var p = lane; p < rows * nb; p += WG) {
         let w = first + 3u * p;
-        if (order_key(bitcast<f32>(atomicLoad(&settle_words[w]))) == atomicLoad(&st_key[p / n])) {
-            atomicMin(&st_arg[p / n], atomicLoad(&settle_words[w + 1u]));
+        if (order_key(bitcast<f32>(atomicLoad(&settle_words[w]))) == atomicLoad(&st_key[p / nb])) {
+            atomicMin(&st_arg[p / nb], atomicLoad(&settle_words[w + 1u]));
         }
     }
     workgroupBarrier();
@@ -567,10 +592,16 @@ var<workgroup> mx_f: array<u32, MAX_WG>;
 // lowest index holding it, flags), is the chunk's whatever the order, so it equals
 // word_chunks' to the bit. Ends with a barrier: the next chunk reuses the workgroup arrays.
 fn max_chunk(job: RowJob, chunk: u32, lane: u32) -> Acc {
+    return max_fold(max_lane(job, chunk, lane, acc_new()), lane);
+}
+
+// max_chunk's loads and pushes: lane l's groups 4(l + WG·i) of `chunk` pushed onto its state `t`
+// (in increasing index order, also over consecutive chunks).
+fn max_lane(job: RowJob, chunk: u32, lane: u32, t_in: Acc) -> Acc {
     let steps = CHUNK / 4u / WG;
     let gap = 4u * WG;
     let begin = chunk * CHUNK;
-    var t = acc_new();
+    var t = t_in;
     for (var h = 0u; h < steps; h += 4u) {
         let y0 = begin + 4u * (lane + WG * h);
         let a0 = load_target(job.t_base, y0, job.vec4_path);
@@ -582,6 +613,13 @@ fn max_chunk(job: RowJob, chunk: u32, lane: u32) -> Acc {
         t = push4_any(t, mask4(a2, job.cut), y0 + 2u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
         t = push4_any(t, mask4(a3, job.cut), y0 + 3u * gap, 1.0, false, ROW_T_NAN, ROW_T_POSINF, false);
     }
+    return t;
+}
+
+// The WG lane states folded as a tree: the maximum, the lowest index holding it and the flags,
+// valid in lane 0. Every invocation calls it (it holds the barriers); it ends with a barrier, as
+// the next chunk reuses the workgroup arrays.
+fn max_fold(t: Acc, lane: u32) -> Acc {
     mx_m[lane] = t.m;
     mx_a[lane] = t.a;
     mx_f[lane] = t.flags;

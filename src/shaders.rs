@@ -183,7 +183,12 @@ impl Kernel {
                 "scan",
                 "pick",
             ],
-            Kernel::RowStats => &["block", "block_wide", "block_wide_settle"],
+            Kernel::RowStats => &[
+                "block",
+                "block_wide",
+                "block_wide_settle",
+                "block_wide_settle_blocks",
+            ],
             Kernel::RowStatsVerify => &["block_verify"],
             Kernel::Verify => &[
                 "main",
