@@ -422,8 +422,8 @@ fn block_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 // `block_wide` for batches the host lets settle here (all-greedy, at most 64 rows a request,
 // not a tree, any size; `Shape::settle_in_stats`). The chunk results go to the output buffer,
 // bound at 5 in place of the chunk partials, from word `params.settle_base` (three words a
-// workgroup's block of chunks: the maximum, its lowest index, the flags; a row's blocks in its
-// first stats_blocks slots of num_chunks). The last workgroup of each request to
+// workgroup's block of chunks, stats_blocks a row: the maximum, its lowest index, the flags).
+// The last workgroup of each request to
 // finish (a count per request after the partials, which the host zeroes before the pass)
 // merges the request's rows and settles it as verify's greedy path does (`merge_greedy_rows`,
 // then `settle_from_registers` and `settle_stop` for a greedy request): the same tokens,
@@ -466,9 +466,9 @@ fn block_wide_settle_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loca
     settle_block(job, wid.x, lane, max_fold(lane_t, lane));
 }
 
-// A block's result `t` (valid in lane 0) written to its slot (a row's blocks take its first
-// stats_blocks slots, in block order), the workgroup counted, and the request settled by its
-// last workgroup. Every invocation calls it.
+// A block's result `t` (valid in lane 0) written to its slot (a row's stats_blocks slots, in
+// block order), the workgroup counted, and the request settled by its last workgroup. Every
+// invocation calls it.
 fn settle_block(job: RowJob, block: u32, lane: u32, t: Acc) {
     if (lane == 0u) {
         let w = params.settle_base + 3u * (job.row * params.stats_blocks + block);
@@ -483,7 +483,7 @@ fn settle_block(job: RowJob, block: u32, lane: u32, t: Acc) {
     // stats_blocks x rows workgroups goes on.
     storageBarrier();
     if (lane == 0u) {
-        let counts = params.settle_base + 3u * params.total_rows * params.num_chunks;
+        let counts = params.settle_base + 3u * params.total_rows * params.stats_blocks;
         let done = atomicAdd(&settle_words[counts + r], 1u) + 1u;
         st_last = select(0u, 1u, done == params.stats_blocks * rows);
     }

@@ -120,8 +120,8 @@ pub struct Params {
     /// Words of a cutoff scratch slot's list of top-p candidates (tuning only: the cut-offs
     /// never depend on it).
     pub cut_list: u32,
-    /// The word of the output buffer where row_stats' `block_wide_settle` keeps its chunk
-    /// partials (after the output words), followed by one completion count per request; 0 in
+    /// The word of the output buffer where row_stats' `block_wide_settle(_blocks)` keeps its
+    /// block partials (after the output words), followed by one completion count per request; 0 in
     /// the other passes.
     pub settle_base: u32,
     /// Pads the struct to a multiple of 16 bytes.

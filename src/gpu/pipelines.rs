@@ -311,8 +311,8 @@ fn build_jobs(
     Ok(pipelines)
 }
 
-/// Whether `entry` is built in `special`: row_stats' `block_wide` and `block_wide_settle(_blocks)` are
-/// the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow
+/// Whether `entry` is built in `special`: row_stats' `block_wide` and
+/// `block_wide_settle(_blocks)` are the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow
 /// `block_wide` would never be dispatched); cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
 /// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {

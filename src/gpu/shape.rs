@@ -235,11 +235,12 @@ impl Shape {
         self.plain_loads() | log_keys | early
     }
 
-    /// Words of the output buffer past the output that `block_wide_settle` uses: three per
-    /// chunk of every row, then a count per request (0 when the batch does not settle there).
+    /// Words of the output buffer past the output that `block_wide_settle(_blocks)` uses: three
+    /// per row_stats block (`stats_blocks` a row) of every row, then a count per request (0 when
+    /// the batch does not settle there).
     pub fn settle_words(&self, plan: &Plan) -> usize {
         if self.settle_in_stats {
-            3 * plan.total_rows * self.num_chunks as usize + self.n
+            3 * plan.total_rows * self.stats_blocks as usize + self.n
         } else {
             0
         }
