@@ -258,9 +258,9 @@ fn logprobs_of(info: ReqInfo, st: RowStats, l: f32) -> vec2<f32> {
     return lp;
 }
 
-// The argmax rule of every merge of maxima (row_stats' lane trees, verify's chunk folds): the
-// larger maximum wins, equal maxima go to the lower index, so a row's argmax does not depend on
-// the order of its folds.
+// The argmax rule of every merge of maxima (row_stats' lane trees; verify_request's `fold` and
+// `arg_step` write it out): the larger maximum wins, equal maxima go to the lower index, so a
+// row's argmax does not depend on the order of its folds.
 fn takes_other(m_self: f32, a_self: u32, m_other: f32, a_other: u32) -> bool {
     return m_other > m_self || (m_other == m_self && a_other < a_self);
 }

@@ -20,7 +20,9 @@ fn fold(acc_in: RowStats, o: RowStats, with_sum: bool, inv_t: f32) -> RowStats {
         }
         acc.t_sum = rescale(acc.t_max, acc.t_sum, m_new, inv_t) + rescale(o.t_max, o.t_sum, m_new, inv_t);
     }
-    if (takes_other(acc.t_max, acc.t_arg, o.t_max, o.t_arg)) {
+    // takes_other's rule (common.wgsl) written out: through the function, row_stats_verify's
+    // second text took 1.11-1.13x at R = 8, k = 4, V = 151,936 on an H200 (docs/performance.md).
+    if (o.t_max > acc.t_max || (o.t_max == acc.t_max && o.t_arg < acc.t_arg)) {
         acc.t_arg = o.t_arg;
     }
     acc.t_max = m_new;
@@ -166,9 +168,11 @@ fn side_step(s: f32, m: f32, m_new: f32, om: f32, os: f32, inv_t: f32, valid: bo
     return select(s, mine + other, valid);
 }
 
-// fold's argmax rule for partial `o` against a state of maximum m and argmax a.
+// fold's argmax rule for partial `o` against a state of maximum m and argmax a (written out, as
+// in `fold`).
 fn arg_step(m: f32, a: u32, o: RowStats, valid: bool) -> u32 {
-    return select(a, o.t_arg, valid && takes_other(m, a, o.t_max, o.t_arg));
+    let takes = o.t_max > m || (o.t_max == m && o.t_arg < a);
+    return select(a, o.t_arg, valid && takes);
 }
 
 // Merges the chunk partials of `row` on one lane: each run in chunk order, then the runs in run
