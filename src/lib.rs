@@ -68,5 +68,6 @@ pub use device::DeviceChoice;
 pub use error::Error;
 pub use gpu::{required_limits, select_adapter, DeviceIds, GpuDraft, GpuRows, Timestamps};
 pub use verifier::{
-    GpuTreeBatch, GpuVerifyBatch, PendingTree, PendingVerify, Verifier, VerifierOptions,
+    GpuTreeBatch, GpuVerifyBatch, PendingTree, PendingVerify, PipelineBuild, Verifier,
+    VerifierOptions,
 };

@@ -118,6 +118,11 @@ pub struct VerifierOptions {
     /// index clamps (wgpu's trust model: an out-of-bounds access would be undefined behaviour
     /// on the GPU; our kernels index only below sizes the host checks).
     pub shader_checks: Option<wgpu::ShaderRuntimeChecks>,
+    /// When a GPU verifier builds its compute pipelines: each at the first call that needs it
+    /// (`OnDemand`, the default), or all of them when the verifier is made (`Eager`). Results
+    /// never depend on it. On wgpu's OpenGL backend every pipeline is built when the verifier
+    /// is made, whatever this says ([`PipelineBuild`]).
+    pub pipelines: PipelineBuild,
     /// Threads of the CPU backend; default: the machine's available parallelism.
     pub cpu_threads: Option<usize>,
     /// Seed of the generator that draws seeds for requests with `seed: None`; default from the
@@ -144,6 +149,7 @@ impl Default for VerifierOptions {
             subgroups: true,
             immediates: false,
             shader_checks: None,
+            pipelines: PipelineBuild::OnDemand,
             max_binding_bytes: None,
             timeout: Duration::from_secs(60),
             spin_wait: None,
@@ -153,6 +159,27 @@ impl Default for VerifierOptions {
             fault: Fault::None,
         }
     }
+}
+
+/// When a GPU verifier builds its compute pipelines ([`VerifierOptions::pipelines`]). The
+/// kernels come in about ninety specialisations (entry points, row types, optional sums, the
+/// fused paths), of which one program's calls dispatch a handful; the driver compiles each one
+/// on the thread that builds it, from milliseconds on a discrete GPU to a few hundred on a
+/// software adapter (lavapipe: about 18 s for all of them on two cores).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PipelineBuild {
+    /// Each pipeline at the first call that dispatches it, on that call's thread; the call
+    /// fails with [`Error::Gpu`] if the driver rejects it. A verifier is ready at once, and a
+    /// program compiles only what its calls use, at the cost of a slower first call of each
+    /// kind (a first sampled batch, a first top-p request, a first bf16 batch). On wgpu's
+    /// OpenGL backend, `Eager` instead: every call there waits for its one GL context, which a
+    /// compiling call would hold while other threads' calls wait (wgpu gives up after a second).
+    #[default]
+    OnDemand,
+    /// Every pipeline when the verifier is made, on up to eight threads: no call compiles, and
+    /// a driver that rejects any specialisation fails [`Verifier::new`] instead of the first
+    /// call that needs it.
+    Eager,
 }
 
 /// `VerifierOptions::early_race_entries` on a discrete GPU when the options leave it `None`:
@@ -211,7 +238,7 @@ enum Backend {
 /// Verifies batches of speculative drafts (SPEC §3) on a GPU through wgpu, or on the CPU twin.
 ///
 /// `Verifier` is `Send + Sync`: one instance may serve several threads at once. What is shared is
-/// the device, the pipelines (built once) and a small pool of work buffers; each call takes its
+/// the device, the pipelines (each built once) and a small pool of work buffers; each call takes its
 /// own buffers from the pool, so concurrent calls do not wait for one another on the host.
 pub struct Verifier {
     backend: Backend,
@@ -322,7 +349,8 @@ impl Verifier {
     /// building them again (seconds per verifier on a software adapter): `opts` may change
     /// what never changes results (`target_workgroups`, `early_race_entries`,
     /// `wide_greedy_chunks`, `fused_greedy`, `fused_verify_chunks`, `max_binding_bytes`,
-    /// `timeout`, `spin_wait`, `seed_source`, `cpu_threads`), but not the kernels themselves:
+    /// `timeout`, `spin_wait`, `seed_source`, `cpu_threads`; `pipelines`: `Eager` builds the
+    /// pipelines the device's kernels have not built yet), but not the kernels themselves:
     /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates` and `shader_checks` must be
     /// this verifier's, else [`Error::InvalidOptions`] names the first that differs. The two
     /// verifiers are independent (own buffers, own seeds) and share the device: its loss ends
@@ -353,6 +381,9 @@ impl Verifier {
             });
         }
         let backend = g.retuned(&opts);
+        if opts.pipelines == PipelineBuild::Eager {
+            backend.build_all_pipelines()?;
+        }
         Ok(Self::build(Backend::Gpu(Box::new(backend)), opts))
     }
 
@@ -678,6 +709,16 @@ impl Verifier {
                 g.groups_made.load(std::sync::atomic::Ordering::Relaxed),
                 g.kept_caller_buffers(),
             ),
+            Backend::Cpu(_) => (0, 0),
+        }
+    }
+
+    /// Test hook: the compute pipelines built so far on this verifier's device, and the
+    /// pipelines its kernels describe (`(0, 0)` on the CPU backend).
+    #[doc(hidden)]
+    pub fn pipeline_counts(&self) -> (usize, usize) {
+        match &self.backend {
+            Backend::Gpu(g) => g.pipeline_counts(),
             Backend::Cpu(_) => (0, 0),
         }
     }

@@ -4,8 +4,8 @@
 mod common;
 use common::*;
 use specdec::{
-    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, Rule, Verifier, VerifierOptions,
-    VerifyBatch, MAX_DRAFTS_PER_REQUEST,
+    Draft, Error, GpuDraft, GpuRows, GpuVerifyBatch, Logits, PipelineBuild, Rule, Verifier,
+    VerifierOptions, VerifyBatch, MAX_DRAFTS_PER_REQUEST,
 };
 
 /// 3 requests (2, 0 and 1 drafts: 6 target rows, 3 draft rows) over a 16-token vocabulary.
@@ -505,6 +505,68 @@ fn with_tuning_refuses_other_kernels_and_keeps_the_tokens() {
     let c = cpu().with_tuning(VerifierOptions::default()).unwrap();
     assert!(c.device().is_none());
     assert_eq!(c.verify_blocking(&b.batch()).unwrap(), want);
+}
+
+/// `PipelineBuild::OnDemand` (the default) builds no pipeline with the verifier and only the
+/// pipelines a call dispatches; `Eager` through `with_tuning` builds the rest on the shared
+/// kernels; on GL every pipeline is built with the verifier. The tokens are the twin's in
+/// every case. Fails if a call builds every pipeline, or none, or `Eager` leaves one out.
+#[test]
+fn pipelines_are_built_on_demand_or_all_at_once() {
+    let Some(v) = gpu() else { return };
+    let gl = v.adapter_info().unwrap().backend == wgpu::Backend::Gl;
+    let (_, total) = v.pipeline_counts();
+    assert!(total > 50, "{total} pipelines described");
+    if gl || v.options().pipelines == PipelineBuild::Eager {
+        // GL (the one GL context) and the WebGPU-limits rerun (eager, to validate every
+        // pipeline under those limits) built everything with the verifier.
+        assert_eq!(
+            v.pipeline_counts(),
+            (total, total),
+            "built with the verifier"
+        );
+        eprintln!("every pipeline built with the verifier here (GL or Eager): {total}");
+        return;
+    }
+    let fresh = Verifier::new(VerifierOptions {
+        pipelines: PipelineBuild::OnDemand,
+        ..test_options()
+    })
+    .unwrap();
+    assert_eq!(
+        fresh.pipeline_counts(),
+        (0, total),
+        "none built with the verifier"
+    );
+    let mut g = Gen::new(6);
+    let b = Owned::random(&mut g, 3000, &[4, 0, 2], &[1.0, 0.0], 1, 0.6);
+    let want = cpu().verify_blocking(&b.batch()).unwrap();
+    assert_eq!(fresh.verify_blocking(&b.batch()).unwrap(), want);
+    let (after_call, _) = fresh.pipeline_counts();
+    assert!(
+        after_call > 0 && after_call < total / 4,
+        "a call builds the passes it dispatches: {after_call} of {total}"
+    );
+    // The same call again compiles nothing.
+    assert_eq!(fresh.verify_blocking(&b.batch()).unwrap(), want);
+    assert_eq!(fresh.pipeline_counts().0, after_call);
+    let eager = fresh
+        .with_tuning(VerifierOptions {
+            pipelines: PipelineBuild::Eager,
+            ..test_options()
+        })
+        .unwrap();
+    assert_eq!(
+        eager.pipeline_counts(),
+        (total, total),
+        "Eager builds the rest"
+    );
+    assert_eq!(
+        fresh.pipeline_counts(),
+        (total, total),
+        "on the shared kernels"
+    );
+    assert_eq!(eager.verify_blocking(&b.batch()).unwrap(), want);
 }
 
 fn storage_buffer(device: &wgpu::Device, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {

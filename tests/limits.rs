@@ -10,7 +10,11 @@ fn webgpu_default_limits_run_and_match_the_twin() {
     if gpu().is_none() {
         return;
     }
-    let v = with_limits(wgpu::Limits::default()).expect("a device with WebGPU's default limits");
+    // Every pipeline built with the verifier, so every one is validated under these limits.
+    let v = with_limits_built(wgpu::Limits::default(), specdec::PipelineBuild::Eager)
+        .expect("a device with WebGPU's default limits");
+    let (built, total) = v.pipeline_counts();
+    assert_eq!(built, total, "Eager builds every pipeline");
     let mut g = Gen::new(5);
     // 128 MiB bindings: V = 262,144 rows are 1 MiB each, so 200 rows need two windows; the odd
     // V = 262,145 also misaligns every row (scalar loads, unaligned window offsets).

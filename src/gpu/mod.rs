@@ -1,7 +1,7 @@
 //! The wgpu backend. The files follow a verification through the GPU:
 //!
 //! 1. [`adapter`]: find and rank an adapter, negotiate the limits;
-//! 2. [`pipelines`]: the pipeline cache, built once per device;
+//! 2. [`pipelines`]: the pipeline cache, described once per device, each pipeline built once;
 //! 3. [`workspace`]: the pooled buffers of one in-flight verification;
 //! 4. [`upload`]: a host batch copied in, the plan's metadata written;
 //! 5. [`checks`], [`shape`], [`windows`]: the host checks, the grid of every pass, the row
@@ -172,7 +172,8 @@ pub(crate) struct GpuBackend {
 }
 
 impl GpuBackend {
-    /// Builds every pipeline on `device` and, when the device is ours (`owns_device`), installs
+    /// Describes every pipeline on `device` (built now with `PipelineBuild::Eager` and on GL, else
+    /// each at its first dispatch) and, when the device is ours (`owns_device`), installs
     /// the handlers that keep wgpu's errors and a device loss from panicking the host.
     pub fn new(
         device: wgpu::Device,
@@ -212,14 +213,23 @@ impl GpuBackend {
                 && device.features().contains(wgpu::Features::IMMEDIATES)
                 && device.limits().max_immediate_size as usize >= bindings::PARAMS_BYTES,
         };
-        // Pipelines are built on several threads except on wgpu's OpenGL backend, where every
-        // call waits for the one GL context (and wgpu panics after a second of waiting).
-        let parallel = info.backend != wgpu::Backend::Gl;
         let (layouts, pipelines, [dummy, dummy_rw]) = scoped(&device, || {
-            let (layouts, pipelines) =
-                build_pipelines(&device, variant, wg, opts.shader_checks, parallel)?;
-            Ok::<_, Error>((layouts, pipelines, dummies(&device)))
-        })??;
+            let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);
+            (layouts, pipelines, dummies(&device))
+        })?;
+        // On wgpu's OpenGL backend every call waits for the one GL context, and wgpu panics
+        // after a second of waiting: a call compiling a pipeline there would hold the context
+        // for that long while other threads' calls wait, so GL builds every pipeline now, on
+        // this thread alone. Elsewhere `Eager` builds them on several threads.
+        let gl = info.backend == wgpu::Backend::Gl;
+        if gl || opts.pipelines == crate::PipelineBuild::Eager {
+            let threads = if gl {
+                1
+            } else {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+            };
+            pipelines.build_all(&device, threads)?;
+        }
         let kernels = DeviceKernels {
             device,
             queue,
@@ -249,6 +259,20 @@ impl GpuBackend {
             return Err(Error::DeviceLost { detail: reason });
         }
         Ok(())
+    }
+
+    /// Builds every pipeline of the device's kernels not built yet, on up to eight threads (one
+    /// on GL, where they were all built when the kernels were made).
+    pub fn build_all_pipelines(&self) -> Result<(), Error> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        self.kernels
+            .pipelines
+            .build_all(&self.kernels.device, threads)
+    }
+
+    /// Pipelines built so far on the device, and pipelines described.
+    pub fn pipeline_counts(&self) -> (usize, usize) {
+        self.kernels.pipelines.counts()
     }
 
     /// A backend on the same device, sharing its compiled kernels, with the tuning of `opts`

@@ -123,12 +123,15 @@ impl GpuBackend {
         entry: &'static str,
         special: u32,
     ) -> &wgpu::ComputePipeline {
-        &self.kernels.pipelines[&PipelineKey {
-            kernel,
-            entry,
-            wg: self.kernels.wg,
-            special,
-        }]
+        self.kernels.pipelines.get(
+            &self.kernels.device,
+            PipelineKey {
+                kernel,
+                entry,
+                wg: self.kernels.wg,
+                special,
+            },
+        )
     }
 }
 
@@ -147,27 +150,83 @@ pub(super) fn default_checks(kernel: Kernel) -> wgpu::ShaderRuntimeChecks {
 
 /// The explicit bind group layout of every kernel, by kernel.
 pub(super) type Layouts = HashMap<Kernel, wgpu::BindGroupLayout>;
-/// The compute pipelines of one device, by key.
-pub(super) type Pipelines = HashMap<PipelineKey, wgpu::ComputePipeline>;
 
-/// Builds every kernel's layout and pipelines (every entry point, every specialisation) for
-/// workgroup size `wg`, with naga's runtime `checks` (`None`: [`default_checks`]). Call inside an
-/// error scope: creation errors of the modules and layouts are reported there, the pipelines'
-/// in the error this returns. With `parallel`, the pipelines are built on up to
-/// `available_parallelism` threads: the driver compiles each one on the calling thread (on
-/// lavapipe nearly all of a verifier's ~18 s of creation), and the pipelines do not depend on
-/// one another.
+/// The compute pipelines of one device, by key: each one's description, and the pipeline once
+/// built. A verifier builds them all when it is made ([`Pipelines::build_all`],
+/// `PipelineBuild::Eager`) or each at the first call that dispatches it (`OnDemand`, the
+/// default): a call needs a handful of the ~90 specialisations, and the driver compiles each
+/// one on the calling thread (on lavapipe a verifier's ~18 s of creation, on any GPU the
+/// specialisations a program never takes).
+pub(super) struct Pipelines {
+    jobs: HashMap<PipelineKey, Job>,
+}
+
+impl Pipelines {
+    /// The pipeline of `key`, built on this thread if no call built it before. Inside a
+    /// call's error scopes (`record` runs in `scoped`), so a driver's error building it on
+    /// demand fails the call that needed it. Panics for a key [`build_pipelines`] never
+    /// described: the record functions ask only for the combinations `specials` lists.
+    pub fn get(&self, device: &wgpu::Device, key: PipelineKey) -> &wgpu::ComputePipeline {
+        let job = self
+            .jobs
+            .get(&key)
+            .unwrap_or_else(|| panic!("no pipeline is described for {key:?}"));
+        job.built.get_or_init(|| job.build(device))
+    }
+
+    /// Builds every pipeline not yet built on `threads` threads (this one alone for 1), each
+    /// taking the next job not taken. wgpu's error scopes belong to the thread that pushed
+    /// them, so each worker wraps its jobs in scopes of its own and the first error any of
+    /// them saw is returned.
+    pub fn build_all(&self, device: &wgpu::Device, threads: usize) -> Result<(), crate::Error> {
+        let jobs: Vec<&Job> = self.jobs.values().collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let worker = || {
+            super::bindings::scoped(device, || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                job.built.get_or_init(|| job.build(device));
+            })
+        };
+        if threads <= 1 {
+            return worker();
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads.min(jobs.len()))
+                .map(|_| s.spawn(worker))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Result<Vec<()>, _>>()
+        })?;
+        Ok(())
+    }
+
+    /// Pipelines built so far, and pipelines described.
+    pub fn counts(&self) -> (usize, usize) {
+        let built = self
+            .jobs
+            .values()
+            .filter(|j| j.built.get().is_some())
+            .count();
+        (built, self.jobs.len())
+    }
+}
+
+/// Describes every kernel's layout and pipelines (every entry point, every specialisation) for
+/// workgroup size `wg`, with naga's runtime `checks` (`None`: [`default_checks`]), and builds
+/// the modules and layouts; the pipelines are built by [`Pipelines::get`] or
+/// [`Pipelines::build_all`]. Call inside an error scope: creation errors of the modules and
+/// layouts are reported there.
 pub(super) fn build_pipelines(
     device: &wgpu::Device,
     variant: crate::shaders::Variant,
     wg: u32,
     checks: Option<wgpu::ShaderRuntimeChecks>,
-    parallel: bool,
-) -> Result<(Layouts, Pipelines), crate::Error> {
+) -> (Layouts, Pipelines) {
     let mut layouts = HashMap::new();
-    // Per kernel: its modules (the second one for row_stats_verify's lane runs) and pipeline
-    // layout, which the jobs below borrow.
-    let mut parts = Vec::new();
+    let mut jobs = HashMap::new();
     let storage_buffers = device.limits().max_storage_buffers_per_shader_stage;
     for kernel in Kernel::ALL {
         // row_stats_verify binds more storage buffers than the other kernels; a device that
@@ -212,58 +271,54 @@ pub(super) fn build_pipelines(
             },
         });
         layouts.insert(kernel, bgl);
-        parts.push((kernel, label, module, lane_runs, pl));
-    }
-    let jobs: Vec<Job<'_>> = parts
-        .iter()
-        .flat_map(|(kernel, label, module, lane_runs, pl)| {
-            let kernel = *kernel;
-            kernel
-                .entry_points()
-                .iter()
-                .flat_map(move |e| specials(kernel).iter().map(move |s| (*e, *s)))
-                .filter(move |&(e, s)| built(kernel, e, s))
-                .map(move |(entry, special)| Job {
-                    key: PipelineKey {
-                        kernel,
-                        entry,
-                        wg,
-                        special,
-                    },
+        for &entry in kernel.entry_points() {
+            for &special in specials(kernel) {
+                if !built(kernel, entry, special) {
+                    continue;
+                }
+                let module = match &lane_runs {
+                    Some(m) if special & SPECIAL_SHARED_RUNS != 0 => m,
+                    _ => &module,
+                };
+                let key = PipelineKey {
+                    kernel,
+                    entry,
+                    wg,
+                    special,
+                };
+                let job = Job {
+                    entry,
                     label: format!("{label}.{entry}"),
-                    layout: pl,
-                    module: match lane_runs {
-                        Some(m) if special & SPECIAL_SHARED_RUNS != 0 => m,
-                        _ => module,
-                    },
+                    layout: pl.clone(),
+                    module: module.clone(),
                     constants: override_constants(kernel, wg, special, variant),
-                })
-        })
-        .collect();
-    let threads = if parallel {
-        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-    } else {
-        1
-    };
-    Ok((layouts, build_jobs(device, &jobs, threads)?))
+                    built: std::sync::OnceLock::new(),
+                };
+                jobs.insert(key, job);
+            }
+        }
+    }
+    (layouts, Pipelines { jobs })
 }
 
-/// One compute pipeline of [`build_pipelines`]: its key, label, layout, module and constants.
-struct Job<'a> {
-    key: PipelineKey,
+/// One compute pipeline of [`Pipelines`]: its entry point, label, layout, module and
+/// constants, and the pipeline once built.
+struct Job {
+    entry: &'static str,
     label: String,
-    layout: &'a wgpu::PipelineLayout,
-    module: &'a wgpu::ShaderModule,
+    layout: wgpu::PipelineLayout,
+    module: wgpu::ShaderModule,
     constants: Vec<(&'static str, f64)>,
+    built: std::sync::OnceLock<wgpu::ComputePipeline>,
 }
 
-impl Job<'_> {
+impl Job {
     fn build(&self, device: &wgpu::Device) -> wgpu::ComputePipeline {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&self.label),
-            layout: Some(self.layout),
-            module: self.module,
-            entry_point: Some(self.key.entry),
+            layout: Some(&self.layout),
+            module: &self.module,
+            entry_point: Some(self.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants: &self.constants,
                 zero_initialize_workgroup_memory: false,
@@ -271,44 +326,6 @@ impl Job<'_> {
             cache: None,
         })
     }
-}
-
-/// Builds `jobs` on `threads` threads (this one alone for 1), each taking the next job not
-/// taken. wgpu's error scopes belong to the thread that pushed them, so each worker wraps its
-/// jobs in scopes of its own and the first error any of them saw is returned.
-fn build_jobs(
-    device: &wgpu::Device,
-    jobs: &[Job<'_>],
-    threads: usize,
-) -> Result<Pipelines, crate::Error> {
-    if threads <= 1 {
-        return Ok(jobs.iter().map(|j| (j.key, j.build(device))).collect());
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let worker = || {
-        super::bindings::scoped(device, || {
-            let mut built = Vec::new();
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break built };
-                built.push((job.key, job.build(device)));
-            }
-        })
-    };
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.min(jobs.len()))
-            .map(|_| s.spawn(worker))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    let mut pipelines = HashMap::new();
-    for r in results {
-        pipelines.extend(r?);
-    }
-    Ok(pipelines)
 }
 
 /// Whether `entry` is built in `special`: row_stats' `block_wide` and

@@ -26,7 +26,10 @@ pub fn gpu() -> Option<&'static Verifier> {
         let made = match std::env::var("SPECDEC_TEST_LIMITS").as_deref() {
             // The strictest limits a WebGPU implementation may give (128 MiB bindings, 256
             // invocations, 16 KiB workgroup storage, 8 storage buffers per stage).
-            Ok("webgpu") => with_limits(wgpu::Limits::default()),
+            // Every pipeline built, so validated under those limits, with the verifier.
+            Ok("webgpu") => {
+                with_limits_built(wgpu::Limits::default(), specdec::PipelineBuild::Eager)
+            }
             Ok(other) if !other.is_empty() => {
                 panic!("SPECDEC_TEST_LIMITS={other:?}: use webgpu or leave it unset")
             }
@@ -51,7 +54,8 @@ pub fn gpu() -> Option<&'static Verifier> {
 
 /// A verifier with the tuning of `opts` on [`gpu`]'s device and kernels
 /// ([`Verifier::with_tuning`]): a test that varies only options that never change results
-/// needs no kernels of its own, which a software adapter takes ~20 s to build per verifier.
+/// needs no kernels of its own: each would build its pipelines again (a software adapter takes
+/// ~18 s for all of them).
 /// `opts` must ask for the default kernels. Panics without a GPU: call [`gpu`] first.
 pub fn gpu_tuned(opts: VerifierOptions) -> Verifier {
     gpu()
@@ -158,8 +162,19 @@ pub fn assert_matches_twin(gpu: &VerifyOutput, twin: &VerifyOutput, case: impl s
     assert!(diff.is_empty(), "{case}: {diff:?}");
 }
 
-/// A GPU verifier on a device requested with exactly `limits` (not the adapter's maxima).
+/// A GPU verifier on a device requested with exactly `limits` (not the adapter's maxima), its
+/// pipelines built on demand.
 pub fn with_limits(limits: wgpu::Limits) -> Result<Verifier, specdec::Error> {
+    with_limits_built(limits, specdec::PipelineBuild::OnDemand)
+}
+
+/// [`with_limits`] with the pipelines built as `build` says. `Eager` validates every pipeline
+/// under `limits` when the verifier is made (what limits change is pipeline and binding
+/// validation), not only those the tests dispatch.
+pub fn with_limits_built(
+    limits: wgpu::Limits,
+    build: specdec::PipelineBuild,
+) -> Result<Verifier, specdec::Error> {
     let adapter = specdec::select_adapter()?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("specdec.tests.limits"),
@@ -169,7 +184,11 @@ pub fn with_limits(limits: wgpu::Limits) -> Result<Verifier, specdec::Error> {
     .map_err(|e| specdec::Error::RequestDevice {
         detail: e.to_string(),
     })?;
-    Verifier::with_device(device, queue, test_options())
+    let opts = VerifierOptions {
+        pipelines: build,
+        ..test_options()
+    };
+    Verifier::with_device(device, queue, opts)
 }
 
 /// A CPU verifier mirroring the GPU's default dispatch shape.
