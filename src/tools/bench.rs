@@ -152,6 +152,10 @@ pub struct BenchConfig {
     pub subgroups: bool,
     /// `VerifierOptions::immediates` of the verifier under test.
     pub immediates: bool,
+    /// Build every pipeline with the verifier under test (`PipelineBuild::Eager`), not at the
+    /// first call of each kind (the default). The timings are the same: every point's
+    /// pipelines are built in its warm-up calls; the creation time printed differs.
+    pub eager_pipelines: bool,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
     pub workgroup_size: Option<u32>,
     /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
@@ -196,6 +200,11 @@ impl BenchConfig {
             shader_int64: self.shader_int64,
             subgroups: self.subgroups,
             immediates: self.immediates,
+            pipelines: if self.eager_pipelines {
+                crate::PipelineBuild::Eager
+            } else {
+                crate::PipelineBuild::OnDemand
+            },
             ..VerifierOptions::default()
         }
     }
@@ -221,6 +230,7 @@ impl BenchConfig {
             shader_int64: true,
             subgroups: true,
             immediates: VerifierOptions::default().immediates,
+            eager_pipelines: false,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -557,7 +567,18 @@ impl GpuBench {
         progress: &mut impl FnMut(&str),
     ) -> Result<GpuBench, Error> {
         // The options under test (the device `bench_device` created has their features).
+        let made = Instant::now();
         let verifier = Verifier::with_device(device.clone(), queue.clone(), cfg.options())?;
+        let (built, described) = verifier.pipeline_counts();
+        progress(&format!(
+            "verifier made in {:.1} ms ({built} of {described} pipelines built with it{})",
+            made.elapsed().as_secs_f64() * 1e3,
+            if built < described {
+                ", the rest at their first call"
+            } else {
+                ""
+            }
+        ));
         let cpu = Verifier::cpu(VerifierOptions::default());
         let period_ns = f64::from(queue.get_timestamp_period());
 
@@ -1913,6 +1934,10 @@ fn option_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
     flag(cfg.shader_int64 != base.shader_int64, "portable");
     flag(cfg.subgroups != base.subgroups, "no-subgroups");
     flag(cfg.immediates != base.immediates, "immediates");
+    flag(
+        cfg.eager_pipelines != base.eager_pipelines,
+        "eager-pipelines",
+    );
     flag(cfg.fused_greedy != base.fused_greedy, "no-fused-greedy");
     let numbers = [
         (
@@ -2090,6 +2115,8 @@ Options:
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --no-subgroups      fold every level through workgroup memory (VerifierOptions::subgroups)
   --immediates        Params as immediate data, not uniform slots (VerifierOptions::immediates)
+  --eager-pipelines   build every pipeline with the verifier (PipelineBuild::Eager), not at the
+                      first call of each kind; prints how long the verifier took to make
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
   --early-race N      one-hot batches of at most N entries in sampled draft rows race beside
                       row_stats (VerifierOptions::early_race_entries; 0 = off; default:
@@ -2198,6 +2225,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--portable" => cfg.shader_int64 = false,
             "--no-subgroups" => cfg.subgroups = false,
             "--immediates" => cfg.immediates = true,
+            "--eager-pipelines" => cfg.eager_pipelines = true,
             "--no-fused-greedy" => cfg.fused_greedy = false,
             "--fused-verify" => {
                 cfg.fused_verify_chunks = Some(parse_one("--fused-verify", &value()?)?);
