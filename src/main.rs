@@ -38,7 +38,8 @@ const SELFTEST_HELP: &str = "\
 Usage: specdec selftest [--quick | --thorough] [--cpu | --gpu] [--json]
 
 Runs the self-test on the backend `specdec info` names (or the one forced with --cpu / --gpu):
-exact cases (greedy paths, forced outcomes, -1 drafts, zero-draft neighbours, NaN rows),
+on a GPU, first every kernel pipeline built (a driver that rejects one fails here, naming it),
+then exact cases (greedy paths, forced outcomes, -1 drafts, zero-draft neighbours, NaN rows),
 distribution checks for one-hot drafts, draft probabilities and draft logits (both halves by
 chi-square at an exact 1e-6 quantile, acceptance within 6 standard errors), seeded replay, batch
 invariance and GPU vs CPU twin agreement. Default size: about a minute on a laptop GPU;
@@ -200,9 +201,13 @@ fn selftest_cmd(args: &[String]) -> i32 {
         // The flag wins over the environment for this command.
         std::env::remove_var("SPECDEC_DEVICE");
     }
+    // Every pipeline built with the verifier: the checks below dispatch some of them, and a
+    // driver that rejects any other would otherwise fail only a later program's first call of
+    // that kind.
     let opts = VerifierOptions {
         device,
         fault,
+        pipelines: specdec::PipelineBuild::Eager,
         ..VerifierOptions::default()
     };
     let verifier = match Verifier::auto(opts) {

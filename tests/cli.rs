@@ -275,11 +275,14 @@ fn selftest_passes_on_the_gpu() {
 
 #[test]
 fn a_pipeline_the_driver_rejects_is_a_gpu_error_not_a_panic() {
-    // Pipelines are built on several threads, each worker in error scopes of its own (wgpu's
-    // scopes belong to the thread that pushed them): a kernel whose entry point is missing must
-    // still make `Verifier::new` return `Error::Gpu` naming it, so the command says so on one
-    // line and exits with 1. verify.wgsl with `block_settle` renamed, through
-    // SPECDEC_SHADER_DIR.
+    // The selftest builds every pipeline with its verifier (`PipelineBuild::Eager`) on several
+    // threads, each worker in error scopes of its own (wgpu's scopes belong to the thread that
+    // pushed them): a kernel whose entry point is missing must still make `Verifier::new`
+    // return `Error::Gpu` naming it, so the command says so on one line and exits with 1.
+    // verify.wgsl with `block_settle` renamed, through SPECDEC_SHADER_DIR. Then the same kernel
+    // built on demand (the default, as `bench` builds it): the first call that dispatches
+    // `block_settle` (the block rule with draft probabilities) fails with that error, and a
+    // call that does not need it is not affected.
     if skip_gpu() {
         return;
     }
@@ -290,14 +293,40 @@ fn a_pipeline_the_driver_rejects_is_a_gpu_error_not_a_panic() {
     assert!(src.contains("fn block_settle("), "the entry point to break");
     let broken = src.replace("fn block_settle(", "fn block_settle_renamed(");
     std::fs::write(dir.join("verify.wgsl"), broken).unwrap();
-    let o = specdec(
-        &["selftest", "--quick", "--gpu"],
-        &[("SPECDEC_SHADER_DIR", dir.to_str().unwrap())],
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+    let env = [("SPECDEC_SHADER_DIR", dir.to_str().unwrap())];
+    let o = specdec(&["selftest", "--quick", "--gpu"], &env);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.starts_with("specdec selftest: GPU error"), "{t}");
+    assert!(
+        t.contains("Unable to find entry point 'block_settle'"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+    // On demand: greedy calls never build block_settle, the block rule's first call does.
+    let out = dir.join("out");
+    let out_s = out.to_str().unwrap();
+    let bench = |modes: &[&str]| {
+        let mut args = vec![
+            "bench", "--quick", "--batch", "1", "--k", "2", "--reps", "2",
+        ];
+        args.extend_from_slice(&["--no-baseline", "--out", out_s]);
+        args.extend_from_slice(modes);
+        specdec(&args, &env)
+    };
+    let o = bench(&["--modes", "greedy"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("twin mismatches over the grid: 0"), "{t}");
+    assert!(
+        t.contains("pipelines built with it, the rest at their first call"),
+        "{t}"
+    );
+    let o = bench(&["--modes", "draft_probs", "--block"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("specdec bench: GPU error"), "{t}");
     assert!(
         t.contains("Unable to find entry point 'block_settle'"),
         "{t}"
