@@ -219,16 +219,9 @@ impl GpuBackend {
         })?;
         // On wgpu's OpenGL backend every call waits for the one GL context, and wgpu panics
         // after a second of waiting: a call compiling a pipeline there would hold the context
-        // for that long while other threads' calls wait, so GL builds every pipeline now, on
-        // this thread alone. Elsewhere `Eager` builds them on several threads.
-        let gl = info.backend == wgpu::Backend::Gl;
-        if gl || opts.pipelines == crate::PipelineBuild::Eager {
-            let threads = if gl {
-                1
-            } else {
-                std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-            };
-            pipelines.build_all(&device, threads)?;
+        // for that long while other threads' calls wait, so GL builds every pipeline now.
+        if info.backend == wgpu::Backend::Gl || opts.pipelines == crate::PipelineBuild::Eager {
+            pipelines.build_all(&device, info.backend)?;
         }
         let kernels = DeviceKernels {
             device,
@@ -261,13 +254,11 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Builds every pipeline of the device's kernels not built yet, on up to eight threads (one
-    /// on GL, where they were all built when the kernels were made).
+    /// Builds every pipeline of the device's kernels not built yet ([`Pipelines::build_all`];
+    /// none on GL, where they were all built when the kernels were made).
     pub fn build_all_pipelines(&self) -> Result<(), Error> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        self.kernels
-            .pipelines
-            .build_all(&self.kernels.device, threads)
+        let k = &self.kernels;
+        k.pipelines.build_all(&k.device, k.info.backend)
     }
 
     /// Pipelines built so far on the device, and pipelines described.

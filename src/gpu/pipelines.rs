@@ -174,11 +174,21 @@ impl Pipelines {
         job.built.get_or_init(|| job.build(device))
     }
 
-    /// Builds every pipeline not yet built on `threads` threads (this one alone for 1), each
-    /// taking the next job not taken. wgpu's error scopes belong to the thread that pushed
-    /// them, so each worker wraps its jobs in scopes of its own and the first error any of
-    /// them saw is returned.
-    pub fn build_all(&self, device: &wgpu::Device, threads: usize) -> Result<(), crate::Error> {
+    /// Builds every pipeline not yet built, on up to eight threads, each taking the next job
+    /// not taken; on wgpu's OpenGL `backend` on this thread alone, since every call there
+    /// waits for the one GL context (and wgpu panics after a second of waiting). wgpu's error
+    /// scopes belong to the thread that pushed them, so each worker wraps its jobs in scopes of
+    /// its own and the first error any of them saw is returned.
+    pub fn build_all(
+        &self,
+        device: &wgpu::Device,
+        backend: wgpu::Backend,
+    ) -> Result<(), crate::Error> {
+        let threads = if backend == wgpu::Backend::Gl {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+        };
         let jobs: Vec<&Job> = self.jobs.values().collect();
         let next = std::sync::atomic::AtomicUsize::new(0);
         let worker = || {

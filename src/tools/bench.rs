@@ -152,10 +152,10 @@ pub struct BenchConfig {
     pub subgroups: bool,
     /// `VerifierOptions::immediates` of the verifier under test.
     pub immediates: bool,
-    /// Build every pipeline with the verifier under test (`PipelineBuild::Eager`), not at the
-    /// first call of each kind (the default). The timings are the same: every point's
-    /// pipelines are built in its warm-up calls; the creation time printed differs.
-    pub eager_pipelines: bool,
+    /// `VerifierOptions::pipelines` of the verifier under test. The timings are the same
+    /// either way (every point's pipelines are built in its warm-up calls); the creation time
+    /// printed differs.
+    pub pipelines: crate::PipelineBuild,
     /// `VerifierOptions::workgroup_size` of the verifier under test (`None`: its default).
     pub workgroup_size: Option<u32>,
     /// `VerifierOptions::shader_checks` of the verifier under test (`None`: the tuned default).
@@ -200,11 +200,7 @@ impl BenchConfig {
             shader_int64: self.shader_int64,
             subgroups: self.subgroups,
             immediates: self.immediates,
-            pipelines: if self.eager_pipelines {
-                crate::PipelineBuild::Eager
-            } else {
-                crate::PipelineBuild::OnDemand
-            },
+            pipelines: self.pipelines,
             ..VerifierOptions::default()
         }
     }
@@ -230,7 +226,7 @@ impl BenchConfig {
             shader_int64: true,
             subgroups: true,
             immediates: VerifierOptions::default().immediates,
-            eager_pipelines: false,
+            pipelines: VerifierOptions::default().pipelines,
             shader_checks: None,
             workgroup_size: None,
             top_p: 1.0,
@@ -1934,10 +1930,7 @@ fn option_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
     flag(cfg.shader_int64 != base.shader_int64, "portable");
     flag(cfg.subgroups != base.subgroups, "no-subgroups");
     flag(cfg.immediates != base.immediates, "immediates");
-    flag(
-        cfg.eager_pipelines != base.eager_pipelines,
-        "eager-pipelines",
-    );
+    flag(cfg.pipelines != base.pipelines, "eager-pipelines");
     flag(cfg.fused_greedy != base.fused_greedy, "no-fused-greedy");
     let numbers = [
         (
@@ -2225,7 +2218,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--portable" => cfg.shader_int64 = false,
             "--no-subgroups" => cfg.subgroups = false,
             "--immediates" => cfg.immediates = true,
-            "--eager-pipelines" => cfg.eager_pipelines = true,
+            "--eager-pipelines" => cfg.pipelines = crate::PipelineBuild::Eager,
             "--no-fused-greedy" => cfg.fused_greedy = false,
             "--fused-verify" => {
                 cfg.fused_verify_chunks = Some(parse_one("--fused-verify", &value()?)?);
