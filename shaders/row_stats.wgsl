@@ -42,7 +42,11 @@ override ENTROPY: bool = false;
 // takes the sums' code and registers out of the pipeline (greedy GPU time 0.93x on an H200).
 override MAX_ONLY: bool = false;
 // PLAIN_F32 (declared in rows.wgsl): f32 rows and no cut-off; skips the mask too.
-// PLAIN_F16 / PLAIN_BF16 (rows.wgsl): half target rows and no cut-off; half_chunks.
+// PLAIN_F16 / PLAIN_BF16 (rows.wgsl): half target rows and no cut-off; half_chunks, or with
+// HALF_WORDS the f32 paths' lanes (word_chunks, max_chunks), each group of four entries from two
+// words (rows.wgsl's t_elem4). The host sets HALF_WORDS for small batches, which are bound by
+// latency: half_chunks gives them half the invocations, the dtype dispatch costs them its tests.
+override HALF_WORDS: bool = false;
 
 // Online softmax state of one lane: max m, s = Σ exp((x - m) * inv_t), argmax a, flags.
 struct Acc {
@@ -130,7 +134,7 @@ fn load_draft(base: u32, y: u32, vec4_path: bool) -> vec4<f32> {
 // Entries below the cut-off read as -inf (NaN stays NaN, `NaN < c` being false, so it is still
 // flagged); with no cut-off (c = -inf) nothing changes.
 fn mask4(v: vec4<f32>, c: f32) -> vec4<f32> {
-    if (PLAIN_F32) {
+    if (PLAIN_F32 || PLAIN_F16 || PLAIN_BF16) {
         return v;
     }
     return select(v, vec4<f32>(bitcast<f32>(NEG_INF_BITS)), v < vec4<f32>(c));
@@ -396,10 +400,10 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     stats_chunks(row_job(wid.x, wid.y), lane);
 }
 
-// A job's chunk partials through the plain half path or the word loads (block, and
-// row_stats_verify's block_verify).
+// A job's chunk partials through the plain half path of two lanes an invocation, or the word
+// loads (block, and row_stats_verify's block_verify).
 fn stats_chunks(job: RowJob, lane: u32) {
-    if (PLAIN_F16 || PLAIN_BF16) {
+    if ((PLAIN_F16 || PLAIN_BF16) && !HALF_WORDS) {
         half_chunks(job, lane);
     } else {
         word_chunks(job, lane);

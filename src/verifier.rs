@@ -751,6 +751,18 @@ impl Verifier {
         }
     }
 
+    /// Test hook: calls whose half-precision target rows row_stats read as half words, a lane
+    /// of the statistics contract an invocation (small batches; 0 on the CPU backend).
+    #[doc(hidden)]
+    pub fn half_words_calls(&self) -> u64 {
+        match &self.backend {
+            Backend::Gpu(g) => g
+                .half_words_in_stats
+                .load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Cpu(_) => 0,
+        }
+    }
+
     /// Reads back a recorded verification after its encoder was submitted. Blocks (bounded by
     /// the timeout).
     pub fn read_blocking(&self, pending: PendingVerify) -> Result<VerifyOutput, Error> {

@@ -428,6 +428,90 @@ fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
     }
 }
 
+/// Small batches of half target rows with no filters, raw logprobs or typical acceptance read
+/// their rows as half words (a lane of the statistics contract an invocation, four entries from
+/// two words): their output is bit for bit that of the f32 copy on the same verifier and of the
+/// plain half path of two lanes an invocation (one workgroup a row), and equals the CPU twin's.
+/// On the default tuning (statistics, then verify's pass) and on discrete GPUs' (all-greedy
+/// batches settled over wide workgroups, sampled batches verified in row_stats), greedy and
+/// sampled batches, every draft kind, vocabularies that are and are not multiples of 8, rows at
+/// odd element offsets. Each call must have taken the half words.
+#[test]
+fn small_half_batches_read_half_words_and_match_their_f32_copy() {
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().unwrap();
+    let plain = gpu_tuned(specdec::VerifierOptions::default());
+    let tuned = gpu_tuned(specdec::VerifierOptions::default().with_discrete_tuning());
+    let pairs = gpu_tuned(specdec::VerifierOptions {
+        target_workgroups: 1,
+        ..Default::default()
+    });
+    let (f16, bf16, f32) = (Dtype::F16, Dtype::Bf16, Dtype::F32);
+    let cases: [PlainCase; 6] = [
+        (bf16, 12288, 0, 0, f32, false),
+        (f16, 12288, 0, 2, f16, false),
+        (bf16, 9999, 2, 1, f32, false),
+        (f16, 8200, 0, 2, bf16, false),
+        (bf16, 12288, 2, 2, bf16, false),
+        (f16, 9999, 0, 0, f32, false),
+    ];
+    for (n, case) in cases.into_iter().enumerate() {
+        for greedy in [false, true] {
+            let (mut o, t, d) = plain_batch(700 + n as u64, case);
+            for r in o.requests.iter_mut() {
+                r.params.raw_logprobs = false;
+                r.params.rule = Rule::Exact;
+                if greedy {
+                    r.params.temperature = 0.0;
+                }
+            }
+            let twin = cpu().verify_blocking(&with_rows(&o, t, d)).unwrap();
+            let offset = case.2;
+            let (tb, tt) = upload(device, queue, t, offset);
+            let (db, dt) = upload(
+                device,
+                queue,
+                if d.is_empty() { Logits::F32(&[0.0]) } else { d },
+                0,
+            );
+            let batch = GpuVerifyBatch {
+                vocab_size: o.vocab,
+                requests: &o.requests,
+                draft_token_ids: &o.drafts,
+                target_logits: GpuRows::f32(&tb, offset).with_dtype(tt),
+                draft: match case.3 {
+                    0 => GpuDraft::OneHot,
+                    1 => GpuDraft::Probs(GpuRows::f32(&db, 0).with_dtype(dt)),
+                    _ => GpuDraft::Logits(GpuRows::f32(&db, 0).with_dtype(dt)),
+                },
+                draft_vocab_size: None,
+                synthetic_rates: None,
+            };
+            let what = format!("case {case:?}, greedy {greedy}");
+            for verifier in [&plain, &tuned, &pairs] {
+                let want = verifier.verify_blocking(&o.batch()).unwrap();
+                let before = verifier.half_words_calls();
+                let mut encoder =
+                    device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                let pending = verifier.record(&mut encoder, &batch).unwrap();
+                queue.submit([encoder.finish()]);
+                let got = verifier.read_blocking(pending).unwrap();
+                let took = verifier.half_words_calls() - before;
+                let on_pairs = std::ptr::eq(verifier, &pairs);
+                assert_eq!(
+                    took,
+                    u64::from(!on_pairs),
+                    "{what}: half words taken {took} times"
+                );
+                assert_eq!(got, want, "{what}: half rows vs their f32 copy");
+                let diffs = twin_differences(&got, &twin);
+                assert!(diffs.is_empty(), "{what}: GPU vs twin {diffs:?}");
+            }
+        }
+    }
+    assert!(tuned.fused_greedy_calls() > 0 && tuned.fused_verify_calls() > 0);
+}
+
 #[test]
 fn half_rows_through_the_early_race_give_the_tokens_of_the_late_one() {
     // The early one-hot race's pipeline without plain f32 loads (half target rows), against the

@@ -169,6 +169,9 @@ pub(crate) struct GpuBackend {
     /// Calls recorded with the batch verified in row_stats (`Shape::verify_in_stats`), for the
     /// tests that must exercise that path.
     pub verified_in_stats: std::sync::atomic::AtomicU64,
+    /// Calls recorded with half target rows read as half words (`SPECIAL_HALF_WORDS`), for the
+    /// tests that must exercise that path.
+    pub half_words_in_stats: std::sync::atomic::AtomicU64,
 }
 
 impl GpuBackend {
@@ -298,6 +301,7 @@ impl GpuBackend {
             groups_made: std::sync::atomic::AtomicU64::new(0),
             verified_in_stats: std::sync::atomic::AtomicU64::new(0),
             settled_in_stats: std::sync::atomic::AtomicU64::new(0),
+            half_words_in_stats: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -340,6 +344,9 @@ impl GpuBackend {
                 // the one that brings its count to the request's total).
                 let counts = (shape.out_words + shape.settle_words(plan) - shape.n) as u64 * 4;
                 encoder.clear_buffer(ws.out.get(), counts, Some(shape.n as u64 * 4));
+            }
+            if shape.special & pipelines::SPECIAL_HALF_WORDS != 0 {
+                self.half_words_in_stats.fetch_add(1, Ordering::Relaxed);
             }
             if shape.verify_in_stats {
                 self.verified_in_stats.fetch_add(1, Ordering::Relaxed);

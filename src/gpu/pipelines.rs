@@ -44,6 +44,13 @@ pub(super) const SPECIAL_EARLY: u32 = 128;
 /// same bits.
 pub(super) const SPECIAL_WIDE: u32 = 256;
 
+/// row_stats specialisation (with `SPECIAL_PLAIN_F16` or `SPECIAL_PLAIN_BF16`): the half rows
+/// read by the f32 paths' lanes, one lane of the statistics contract per invocation and a group
+/// of four entries from two 32-bit words, instead of an invocation playing two lanes from one
+/// 16-byte load. The small batches that take it are bound by latency, not bytes, and playing two
+/// lanes halves their workgroups' invocations.
+pub(super) const SPECIAL_HALF_WORDS: u32 = 1024;
+
 /// row_stats_verify specialisation: verify's row-run folds kept in row_stats' lane arrays
 /// instead of an array of their own, so the pass's workgroups allocate less workgroup memory
 /// (`Shape::shared_runs`). Not an `override`: these pipelines come from a text of their own
@@ -57,9 +64,11 @@ fn specials(kernel: Kernel) -> &'static [u32] {
     match kernel {
         // Every combination of SPECIAL_RAW and SPECIAL_ENTROPY with none or one of the
         // SPECIAL_PLAIN_* bits; SPECIAL_MAX_ONLY (never with the sums) with each load path,
-        // and with SPECIAL_WIDE for f32 or dtype-dispatched rows.
+        // and with SPECIAL_WIDE for f32 or dtype-dispatched rows; the half words (1024) for
+        // half rows without the sums, with and without SPECIAL_MAX_ONLY and SPECIAL_WIDE.
         Kernel::RowStats => &[
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48, 288, 292,
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48, 288, 292, 1032,
+            1040, 1064, 1072, 1320, 1328,
         ],
         // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
         // specialisation keeps their rescaling out of the chunk merge when they are off.
@@ -68,16 +77,20 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // row_stats with verify in its last workgroups: the load paths without the optional
         // sums (batches with raw logprobs or typical acceptance take verify's dispatch), each
         // with verify's folds in an array of their own or in row_stats' lane arrays, so
-        // building a device compiles eight more row_stats pipelines, not thirty-two.
+        // building a device compiles twelve more row_stats pipelines, not forty-eight.
         Kernel::RowStatsVerify => &[
             0,
             SPECIAL_PLAIN_F32,
             SPECIAL_PLAIN_F16,
             SPECIAL_PLAIN_BF16,
+            SPECIAL_PLAIN_F16 | SPECIAL_HALF_WORDS,
+            SPECIAL_PLAIN_BF16 | SPECIAL_HALF_WORDS,
             SPECIAL_SHARED_RUNS,
             SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_F32,
             SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_F16,
             SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_BF16,
+            SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_F16 | SPECIAL_HALF_WORDS,
+            SPECIAL_SHARED_RUNS | SPECIAL_PLAIN_BF16 | SPECIAL_HALF_WORDS,
         ],
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
@@ -385,6 +398,10 @@ fn override_constants(
         constants.push(("PLAIN_F16", f64::from((special & SPECIAL_PLAIN_F16) >> 3)));
         constants.push(("PLAIN_BF16", f64::from((special & SPECIAL_PLAIN_BF16) >> 4)));
         constants.push(("MAX_ONLY", f64::from((special & SPECIAL_MAX_ONLY) >> 5)));
+        constants.push((
+            "HALF_WORDS",
+            f64::from((special & SPECIAL_HALF_WORDS) >> 10),
+        ));
     }
     constants
 }

@@ -5,8 +5,8 @@
 
 use super::bindings::{entry, params_entry, with_params};
 use super::pipelines::{
-    SPECIAL_ENTROPY, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_PLAIN_F32,
-    SPECIAL_RAW, SPECIAL_WIDE,
+    SPECIAL_ENTROPY, SPECIAL_HALF_WORDS, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16,
+    SPECIAL_PLAIN_F32, SPECIAL_RAW, SPECIAL_WIDE,
 };
 use super::shape::Shape;
 use super::windows::WindowRows;
@@ -32,7 +32,9 @@ pub(super) fn verify_layout_entries() -> Vec<wgpu::BindGroupLayoutEntry> {
 /// The row_stats specialisation of a batch: raw sums when some request asks for raw logprobs,
 /// the entropy numerator when some request uses typical acceptance, and when nothing is cut,
 /// plain loads for the target's element type (f32 only when the draft rows are f32 too; the
-/// half paths read draft rows of any type, for batches of at least `half_min_chunks` chunks);
+/// half paths read draft rows of any type, two lanes an invocation from `half_min_chunks`
+/// chunks, below it a lane an invocation, `SPECIAL_HALF_WORDS`, where no sums are raw or
+/// entropy's);
 /// and for an all-greedy batch without raw sums, the maximum alone (`MAX_ONLY`), over the
 /// device's workgroup size (`WIDE`) for batches of at most `wide_max_chunks` chunks.
 pub(super) fn special(
@@ -52,22 +54,27 @@ pub(super) fn special(
     } else {
         0
     };
-    // The half paths take two chunks per workgroup, so small batches get half the workgroups:
-    // on an H200 at R = 1, k = 4 (5 rows of 151,936, 190 chunks) bf16 rows took 32.7 µs that way
-    // and 26.8 µs through the generic loads (two processes of one run), while from R = 32 (6,080 chunks) the half path was
+    // The half paths' invocations play two lanes each (one 16-byte load is two lanes' groups),
+    // so small batches get half the invocations: on an H200 at R = 1, k = 4 (5 rows of 151,936,
+    // 190 chunks) bf16 rows took 32.7 µs that way and 26.8 µs through the dtype-dispatching
+    // loads (two processes of one run), while from R = 32 (6,080 chunks) the half path was
     // 1.2-2.1x faster (benches/results/nvidia-h200-vulkan-half-rows-*). Below `half_min_chunks`
-    // chunks the generic loads run.
+    // chunks the half words run instead: a lane an invocation as for f32 rows, without the
+    // dtype dispatch (bf16 GPU time 0.91-0.94x of the dispatching loads at R = 1, H200,
+    // docs/performance.md). The raw and entropy sums keep the dispatching loads there, sparing
+    // their pipelines.
     let chunks = plan.total_rows * (plan.vocab.div_ceil(CHUNK as u32) as usize);
     let small = chunks < half_min_chunks;
+    let half_words = if small { SPECIAL_HALF_WORDS } else { 0 };
     let plain = match target.dtype {
         _ if filters => 0,
-        crate::Dtype::F16 | crate::Dtype::Bf16 if small => 0,
+        crate::Dtype::F16 | crate::Dtype::Bf16 if small && raw | ent != 0 => 0,
         crate::Dtype::F32 if draft.is_none_or(|d| d.dtype == crate::Dtype::F32) => {
             SPECIAL_PLAIN_F32
         }
         crate::Dtype::F32 => 0,
-        crate::Dtype::F16 => SPECIAL_PLAIN_F16,
-        crate::Dtype::Bf16 => SPECIAL_PLAIN_BF16,
+        crate::Dtype::F16 => SPECIAL_PLAIN_F16 | half_words,
+        crate::Dtype::Bf16 => SPECIAL_PLAIN_BF16 | half_words,
     };
     // An all-greedy batch keeps of each row only its maximum, the index holding it and the
     // flags; compiling the sums out of the pipeline took greedy GPU time to 0.93x (0.88-0.97x)
@@ -81,11 +88,9 @@ pub(super) fn special(
     // per lane instead of four. On an H200 row_stats took 0.87-0.99x up to 1,024 chunks and
     // 1.00-1.25x above, where the batch no longer fits the GPU in one wave and the wider tree's
     // barriers cost more than the rounds of loads they save (`docs/performance.md`). The half
-    // paths keep their own layout.
-    let wide = if max_only != 0
-        && plain & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) == 0
-        && chunks <= wide_max_chunks
-    {
+    // paths of two lanes an invocation keep their own layout.
+    let pairs = plain & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) != 0 && half_words == 0;
+    let wide = if max_only != 0 && !pairs && chunks <= wide_max_chunks {
         SPECIAL_WIDE
     } else {
         0
@@ -94,10 +99,13 @@ pub(super) fn special(
 }
 
 impl GpuBackend {
-    /// The fewest chunks for which half-precision rows take their plain path: an eighth of the
-    /// workgroups a pass aims for.
+    /// The fewest chunks for which half-precision rows take their plain path of two lanes an
+    /// invocation: half the workgroups a pass aims for (4,096 by default). Below it they take
+    /// the half words. On an H200 (bf16 target rows, V = 151,936) the half words were faster up
+    /// to 2,664 chunks (R = 8, k = 4: 0.79x) and the pairs from 5,920 (R = 32, k = 4: 0.96x;
+    /// `benches/results/nvidia-h200-vulkan-bf16-half-words.csv`).
     pub(super) fn half_min_chunks(&self) -> usize {
-        (self.target_workgroups / 8) as usize
+        (self.target_workgroups / 2) as usize
     }
 
     /// The most chunks for which an all-greedy batch takes row_stats' `WIDE` pipeline

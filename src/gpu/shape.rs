@@ -5,8 +5,8 @@
 
 use super::cutoff::CutShape;
 use super::pipelines::{
-    SPECIAL_ENTROPY, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16, SPECIAL_RAW,
-    SPECIAL_WIDE,
+    SPECIAL_ENTROPY, SPECIAL_HALF_WORDS, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16,
+    SPECIAL_RAW, SPECIAL_WIDE,
 };
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
@@ -156,7 +156,9 @@ impl Shape {
         let mut block_chunks = g.block_chunks(plan.vocab, plan.total_rows);
         // The plain half paths reduce chunks in pairs (row_stats.wgsl, half_chunks): an even
         // count per workgroup keeps both halves of the workgroup busy on every pair.
-        if special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) != 0 {
+        if special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) != 0
+            && special & SPECIAL_HALF_WORDS == 0
+        {
             block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
         }
         if special & SPECIAL_WIDE != 0
