@@ -20,6 +20,9 @@ override PLAIN_F32: bool = false;
 // request filters; the draft rows may be of any type (they keep the dtype-dispatching loads).
 override PLAIN_F16: bool = false;
 override PLAIN_BF16: bool = false;
+// DRAFT_F32 (residual_argmax with PLAIN_F16 / PLAIN_BF16): the draft rows are f32 or absent, so
+// their loads are plain too.
+override DRAFT_F32: bool = false;
 
 // Half value `i` (0 or 1: low or high 16 bits) of a word of target rows in the PLAIN_F16 /
 // PLAIN_BF16 type, widened exactly: bf16 is the high half of an f32; binary16 goes through
@@ -43,7 +46,7 @@ fn t_elem(i: u32) -> f32 {
     return widen(target_logits[select(i, i >> 1u, half != 0u)], i, half);
 }
 fn d_elem(i: u32) -> f32 {
-    if (PLAIN_F32) {
+    if (PLAIN_F32 || DRAFT_F32) {
         return bitcast<f32>(draft_values[i]);
     }
     let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
@@ -71,7 +74,7 @@ fn t_elem4(i: u32) -> vec4<f32> {
     return vec4<f32>(t_elem(i), t_elem(i + 1u), t_elem(i + 2u), t_elem(i + 3u));
 }
 fn d_elem4(i: u32) -> vec4<f32> {
-    if (!PLAIN_F32) {
+    if (!PLAIN_F32 && !DRAFT_F32) {
         let half = (params.flags >> 2u) & (PARAM_T_F16 | PARAM_T_BF16);
         if (half != 0u && (i & 1u) == 0u) {
             let w0 = draft_values[i >> 1u];

@@ -95,15 +95,22 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // cutoff, residual_argmax and block_mass read f32 rows without the dtype dispatch, with
         // or without filters (residual pass 0.97x, top-p calls 0.95x on an H200,
         // `docs/performance.md`); residual_argmax also without the linear keys' code, and
-        // then also as the early race.
+        // then also as the early race; and its race (not the merge, which reads no rows) half
+        // target rows with f32 or no draft rows without the dispatch either.
         Kernel::Cutoff | Kernel::BlockMass => &[0, SPECIAL_PLAIN_F32],
         Kernel::ResidualArgmax => &[
             0,
             SPECIAL_PLAIN_F32,
+            SPECIAL_PLAIN_F16,
+            SPECIAL_PLAIN_BF16,
             SPECIAL_LOG_KEYS,
             SPECIAL_PLAIN_F32 | SPECIAL_LOG_KEYS,
+            SPECIAL_PLAIN_F16 | SPECIAL_LOG_KEYS,
+            SPECIAL_PLAIN_BF16 | SPECIAL_LOG_KEYS,
             SPECIAL_LOG_KEYS | SPECIAL_EARLY,
             SPECIAL_PLAIN_F32 | SPECIAL_LOG_KEYS | SPECIAL_EARLY,
+            SPECIAL_PLAIN_F16 | SPECIAL_LOG_KEYS | SPECIAL_EARLY,
+            SPECIAL_PLAIN_BF16 | SPECIAL_LOG_KEYS | SPECIAL_EARLY,
         ],
         _ => &[0],
     }
@@ -354,11 +361,15 @@ impl Job {
 /// Whether `entry` is built in `special`: row_stats' `block_wide` and
 /// `block_wide_settle(_blocks)` are the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow
 /// `block_wide` would never be dispatched); cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
-/// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised).
+/// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised); residual_argmax's
+/// half rows only for its race (`record_residual_merge` leaves those bits out).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
     match kernel {
         Kernel::RowStats => entry.starts_with("block_wide") == (special & SPECIAL_WIDE != 0),
         Kernel::Cutoff => special & SPECIAL_PLAIN_F32 == 0 || entry.starts_with("scan"),
+        Kernel::ResidualArgmax => {
+            special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16) == 0 || entry == "block"
+        }
         _ => true,
     }
 }
@@ -390,6 +401,10 @@ fn override_constants(
     if kernel == Kernel::ResidualArgmax {
         constants.push(("LOG_KEYS", f64::from((special & SPECIAL_LOG_KEYS) >> 6)));
         constants.push(("EARLY", f64::from((special & SPECIAL_EARLY) >> 7)));
+        let half = special & (SPECIAL_PLAIN_F16 | SPECIAL_PLAIN_BF16);
+        constants.push(("PLAIN_F16", f64::from((special & SPECIAL_PLAIN_F16) >> 3)));
+        constants.push(("PLAIN_BF16", f64::from((special & SPECIAL_PLAIN_BF16) >> 4)));
+        constants.push(("DRAFT_F32", f64::from(u8::from(half != 0))));
     }
     if matches!(kernel, Kernel::RowStats | Kernel::RowStatsVerify) {
         constants.push(("RAW_SUMS", f64::from(special & SPECIAL_RAW)));

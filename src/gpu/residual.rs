@@ -152,8 +152,9 @@ impl GpuBackend {
             return;
         }
         // The blocks' pipeline's specialisation: of its constants only EARLY (where the
-        // candidates are) changes the merge.
-        let special = shape.residual_special();
+        // candidates are) changes the merge, whose half-row pipelines are not built (it reads
+        // no rows).
+        let special = shape.residual_special() & !shape.half_race;
         pass.set_pipeline(self.special_pipeline(Kernel::ResidualArgmax, "merge", special));
         shape.slots.bind(pass, &groups[0], 0);
         pass.dispatch_workgroups(shape.n as u32, 1, 1);

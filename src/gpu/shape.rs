@@ -68,6 +68,10 @@ pub(super) struct Shape {
     /// residual_argmax and block_mass take their `PLAIN_F32` pipelines (plain loads, no dtype
     /// dispatch), filters or not. row_stats' `PLAIN_F32` also needs no filters (`special`).
     pub f32_rows: bool,
+    /// `SPECIAL_PLAIN_F16` / `SPECIAL_PLAIN_BF16` where the target rows are half and the draft
+    /// rows f32 or absent: residual_argmax's race reads both without the dtype dispatch (0
+    /// otherwise).
+    pub half_race: u32,
     /// No draft values (one-hot drafts): no residual subtracts q.
     pub no_q: bool,
     /// Block requests with a draft distribution: block_mass and `block_settle` run.
@@ -194,6 +198,12 @@ impl Shape {
             filters,
             f32_rows: target.dtype == crate::Dtype::F32
                 && draft.is_none_or(|d| d.dtype == crate::Dtype::F32),
+            half_race: match target.dtype {
+                _ if draft.is_some_and(|d| d.dtype != crate::Dtype::F32) => 0,
+                crate::Dtype::F16 => SPECIAL_PLAIN_F16,
+                crate::Dtype::Bf16 => SPECIAL_PLAIN_BF16,
+                crate::Dtype::F32 => 0,
+            },
             no_q: plan.draft_kind == DRAFT_NONE,
             block_masses: plan.block_masses(),
             needs_residual,
@@ -222,7 +232,8 @@ impl Shape {
         }
     }
 
-    /// residual_argmax's specialisation: plain f32 loads for f32 rows; without q (and outside
+    /// residual_argmax's specialisation: plain f32 loads for f32 rows, plain half loads for half
+    /// target rows with f32 or no draft rows (`half_race`); without q (and outside
     /// trees, whose walk sets the tasks) every race keyed in the log domain, the pipeline
     /// without the linear keys' code (the residual pass 0.92x on an H200,
     /// `docs/performance.md`); and the early race.
@@ -234,7 +245,7 @@ impl Shape {
             0
         };
         let early = if self.early { SPECIAL_EARLY } else { 0 };
-        self.plain_loads() | log_keys | early
+        self.plain_loads() | self.half_race | log_keys | early
     }
 
     /// Words of the output buffer past the output that `block_wide_settle(_blocks)` uses: three
