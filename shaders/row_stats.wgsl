@@ -580,10 +580,19 @@ fn settled_put(slot: u32, token: i32, lp: vec2<f32>) {
     }
 }
 
-// Whether a job of word_chunks or max_chunks takes the 16-byte loads: PARAM_VEC4 and no half
-// rows (those read through the plain half path, or one element at a time).
+// Whether a job of word_chunks or max_chunks reads its target rows with the 16-byte loads:
+// PARAM_VEC4 and f32 target rows (half rows are read through the plain half path, as half
+// words, or one element at a time). Each side on its own: PARAM_VEC4 means both sides' rows
+// are aligned for their own element type, so an f32 side takes the 16-byte loads beside a half
+// one (f32 draft logits beside half target rows as half words: GPU time 0.92-1.00x on an H200,
+// docs/performance.md).
 fn f32_vec4_path(job: RowJob) -> bool {
-    return job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16 | PARAM_D_F16 | PARAM_D_BF16)) == 0u;
+    return job.vec4_path && (params.flags & (PARAM_T_F16 | PARAM_T_BF16)) == 0u;
+}
+
+// The same for the draft rows that word_chunks reduces (draft logits).
+fn f32_draft_vec4_path(job: RowJob) -> bool {
+    return job.vec4_path && (params.flags & (PARAM_D_F16 | PARAM_D_BF16)) == 0u;
 }
 
 // max_chunks' lane states, WG of them.
@@ -677,6 +686,7 @@ fn max_chunks(job_in: RowJob, lane: u32) {
 fn word_chunks(job_in: RowJob, lane: u32) {
     var job = job_in;
     job.vec4_path = f32_vec4_path(job);
+    let d_vec4 = f32_draft_vec4_path(job_in);
     let inv_t = job.inv_t;
     let with_sum = job.with_sum;
     let ent = job.ent;
@@ -714,10 +724,10 @@ fn word_chunks(job_in: RowJob, lane: u32) {
                 w = push4_any(w, a3, y0 + 768u, 1.0, true, 0u, 0u, false);
             }
             if (job.has_q_row) {
-                let b0 = load_draft(d_base, y0, vec4_path);
-                let b1 = load_draft(d_base, y0 + 256u, vec4_path);
-                let b2 = load_draft(d_base, y0 + 512u, vec4_path);
-                let b3 = load_draft(d_base, y0 + 768u, vec4_path);
+                let b0 = load_draft(d_base, y0, d_vec4);
+                let b1 = load_draft(d_base, y0 + 256u, d_vec4);
+                let b2 = load_draft(d_base, y0 + 512u, d_vec4);
+                let b3 = load_draft(d_base, y0 + 768u, d_vec4);
                 q = push4_any(q, mask4(b0, dcut), y0, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
                 q = push4_any(q, mask4(b1, dcut), y0 + 256u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);
                 q = push4_any(q, mask4(b2, dcut), y0 + 512u, inv_t, true, ROW_Q_NAN, ROW_Q_POSINF, false);

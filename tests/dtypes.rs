@@ -434,8 +434,9 @@ fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
 /// plain half path of two lanes an invocation (one workgroup a row), and equals the CPU twin's.
 /// On the default tuning (statistics, then verify's pass) and on discrete GPUs' (all-greedy
 /// batches settled over wide workgroups, sampled batches verified in row_stats), greedy and
-/// sampled batches, every draft kind, vocabularies that are and are not multiples of 8, rows at
-/// odd element offsets. Each call must have taken the half words.
+/// sampled batches, every draft kind (f32 draft logits read with 16-byte loads beside the half
+/// words), vocabularies that are and are not multiples of 8, rows at odd element offsets. Each
+/// call must have taken the half words.
 #[test]
 fn small_half_batches_read_half_words_and_match_their_f32_copy() {
     let Some(v) = gpu() else { return };
@@ -447,8 +448,9 @@ fn small_half_batches_read_half_words_and_match_their_f32_copy() {
         ..Default::default()
     });
     let (f16, bf16, f32) = (Dtype::F16, Dtype::Bf16, Dtype::F32);
-    let cases: [PlainCase; 6] = [
+    let cases: [PlainCase; 7] = [
         (bf16, 12288, 0, 0, f32, false),
+        (bf16, 12288, 0, 2, f32, false),
         (f16, 12288, 0, 2, f16, false),
         (bf16, 9999, 2, 1, f32, false),
         (f16, 8200, 0, 2, bf16, false),
