@@ -352,6 +352,42 @@ fn plain_batch(seed: u64, case: PlainCase) -> (Owned, Logits<'static>, Logits<'s
     (o, t, d)
 }
 
+/// The target and draft rows of a `PlainCase` batch in GPU buffers of their own, the target
+/// at the case's byte offset (a placeholder draft buffer for one-hot drafts).
+fn upload_case(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    (t, d): (Logits<'_>, Logits<'_>),
+    case: PlainCase,
+) -> [(wgpu::Buffer, Dtype); 2] {
+    let d = if d.is_empty() { Logits::F32(&[0.0]) } else { d };
+    [
+        upload(device, queue, t, case.2),
+        upload(device, queue, d, 0),
+    ]
+}
+
+/// `o` as a GPU call over `rows` (from `upload_case`), its draft rows of `case`'s kind.
+fn gpu_batch<'a>(
+    o: &'a Owned,
+    [(tb, tt), (db, dt)]: &'a [(wgpu::Buffer, Dtype); 2],
+    case: PlainCase,
+) -> GpuVerifyBatch<'a> {
+    GpuVerifyBatch {
+        vocab_size: o.vocab,
+        requests: &o.requests,
+        draft_token_ids: &o.drafts,
+        target_logits: GpuRows::f32(tb, case.2).with_dtype(*tt),
+        draft: match case.3 {
+            0 => GpuDraft::OneHot,
+            1 => GpuDraft::Probs(GpuRows::f32(db, 0).with_dtype(*dt)),
+            _ => GpuDraft::Logits(GpuRows::f32(db, 0).with_dtype(*dt)),
+        },
+        draft_vocab_size: None,
+        synthetic_rates: None,
+    }
+}
+
 /// Half target rows with no filters take row_stats' plain half path (8 entries per 16-byte
 /// load, two contract lanes per invocation): its output is bit for bit that of the f32 copy of
 /// the same values on the same GPU (logprobs included), and equal to the CPU twin's. Shapes:
@@ -391,27 +427,8 @@ fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
     for (n, case) in cases.into_iter().enumerate() {
         let (o, t, d) = plain_batch(500 + n as u64, case);
         let twin = cpu().verify_blocking(&with_rows(&o, t, d)).unwrap();
-        let offset = case.2;
-        let (tb, tt) = upload(device, queue, t, offset);
-        let (db, dt) = upload(
-            device,
-            queue,
-            if d.is_empty() { Logits::F32(&[0.0]) } else { d },
-            0,
-        );
-        let batch = GpuVerifyBatch {
-            vocab_size: o.vocab,
-            requests: &o.requests,
-            draft_token_ids: &o.drafts,
-            target_logits: GpuRows::f32(&tb, offset).with_dtype(tt),
-            draft: match case.3 {
-                0 => GpuDraft::OneHot,
-                1 => GpuDraft::Probs(GpuRows::f32(&db, 0).with_dtype(dt)),
-                _ => GpuDraft::Logits(GpuRows::f32(&db, 0).with_dtype(dt)),
-            },
-            draft_vocab_size: None,
-            synthetic_rates: None,
-        };
+        let rows = upload_case(device, queue, (t, d), case);
+        let batch = gpu_batch(&o, &rows, case);
         for verifier in [v, &packed] {
             let want = verifier.verify_blocking(&o.batch()).unwrap();
             let mut encoder =
@@ -468,27 +485,8 @@ fn small_half_batches_read_half_words_and_match_their_f32_copy() {
                 }
             }
             let twin = cpu().verify_blocking(&with_rows(&o, t, d)).unwrap();
-            let offset = case.2;
-            let (tb, tt) = upload(device, queue, t, offset);
-            let (db, dt) = upload(
-                device,
-                queue,
-                if d.is_empty() { Logits::F32(&[0.0]) } else { d },
-                0,
-            );
-            let batch = GpuVerifyBatch {
-                vocab_size: o.vocab,
-                requests: &o.requests,
-                draft_token_ids: &o.drafts,
-                target_logits: GpuRows::f32(&tb, offset).with_dtype(tt),
-                draft: match case.3 {
-                    0 => GpuDraft::OneHot,
-                    1 => GpuDraft::Probs(GpuRows::f32(&db, 0).with_dtype(dt)),
-                    _ => GpuDraft::Logits(GpuRows::f32(&db, 0).with_dtype(dt)),
-                },
-                draft_vocab_size: None,
-                synthetic_rates: None,
-            };
+            let rows = upload_case(device, queue, (t, d), case);
+            let batch = gpu_batch(&o, &rows, case);
             let what = format!("case {case:?}, greedy {greedy}");
             for verifier in [&plain, &tuned, &pairs] {
                 let want = verifier.verify_blocking(&o.batch()).unwrap();
