@@ -77,7 +77,7 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // row_stats with verify in its last workgroups: the load paths without the optional
         // sums (batches with raw logprobs or typical acceptance take verify's dispatch), each
         // with verify's folds in an array of their own or in row_stats' lane arrays, so
-        // building a device compiles twelve more row_stats pipelines, not forty-eight.
+        // building a device compiles twelve more row_stats pipelines, not thirty-six.
         Kernel::RowStatsVerify => &[
             0,
             SPECIAL_PLAIN_F32,

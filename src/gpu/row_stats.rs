@@ -60,7 +60,7 @@ pub(super) fn special(
     // loads (two processes of one run), while from R = 32 (6,080 chunks) the half path was
     // 1.2-2.1x faster (benches/results/nvidia-h200-vulkan-half-rows-*). Below `half_min_chunks`
     // chunks the half words run instead: a lane an invocation as for f32 rows, without the
-    // dtype dispatch (bf16 GPU time 0.91-0.94x of the dispatching loads at R = 1, H200,
+    // dtype dispatch (bf16 GPU time 0.88-0.94x of the dispatching loads at R = 1, H200,
     // docs/performance.md). The raw and entropy sums keep the dispatching loads there, sparing
     // their pipelines.
     let chunks = plan.total_rows * (plan.vocab.div_ceil(CHUNK as u32) as usize);
@@ -102,8 +102,9 @@ impl GpuBackend {
     /// The fewest chunks for which half-precision rows take their plain path of two lanes an
     /// invocation: half the workgroups a pass aims for (4,096 by default). Below it they take
     /// the half words. On an H200 (bf16 target rows, V = 151,936) the half words were faster up
-    /// to 2,664 chunks (R = 8, k = 4: 0.79x) and the pairs from 5,920 (R = 32, k = 4: 0.96x;
-    /// `benches/results/nvidia-h200-vulkan-bf16-half-words.csv`).
+    /// to 2,664 chunks (R = 8, k = 4: 0.78-0.80x) and the pairs from 5,920 (R = 32, k = 4 sampled
+    /// 0.95-0.96x, though greedy 1.11x there; R = 128 0.80-0.95x), one run,
+    /// `benches/results/nvidia-h200-vulkan-bf16-half-words.csv`.
     pub(super) fn half_min_chunks(&self) -> usize {
         (self.target_workgroups / 2) as usize
     }
