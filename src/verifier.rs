@@ -727,40 +727,33 @@ impl Verifier {
         }
     }
 
+    /// A GPU backend's path counter for the test hooks below (0 on the CPU backend).
+    fn gpu_count(&self, counter: impl Fn(&GpuBackend) -> &std::sync::atomic::AtomicU64) -> u64 {
+        match &self.backend {
+            Backend::Gpu(g) => counter(g).load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Cpu(_) => 0,
+        }
+    }
+
     /// Test hook: calls whose all-greedy batch was settled inside row_stats
     /// (`VerifierOptions::fused_greedy`; 0 on the CPU backend).
     #[doc(hidden)]
     pub fn fused_greedy_calls(&self) -> u64 {
-        match &self.backend {
-            Backend::Gpu(g) => g
-                .settled_in_stats
-                .load(std::sync::atomic::Ordering::Relaxed),
-            Backend::Cpu(_) => 0,
-        }
+        self.gpu_count(|g| &g.settled_in_stats)
     }
 
     /// Test hook: calls whose batch was verified inside row_stats
     /// (`VerifierOptions::fused_verify_chunks`; 0 on the CPU backend).
     #[doc(hidden)]
     pub fn fused_verify_calls(&self) -> u64 {
-        match &self.backend {
-            Backend::Gpu(g) => g
-                .verified_in_stats
-                .load(std::sync::atomic::Ordering::Relaxed),
-            Backend::Cpu(_) => 0,
-        }
+        self.gpu_count(|g| &g.verified_in_stats)
     }
 
     /// Test hook: calls whose half-precision target rows row_stats read as half words, a lane
     /// of the statistics contract an invocation (small batches; 0 on the CPU backend).
     #[doc(hidden)]
     pub fn half_words_calls(&self) -> u64 {
-        match &self.backend {
-            Backend::Gpu(g) => g
-                .half_words_in_stats
-                .load(std::sync::atomic::Ordering::Relaxed),
-            Backend::Cpu(_) => 0,
-        }
+        self.gpu_count(|g| &g.half_words_in_stats)
     }
 
     /// Reads back a recorded verification after its encoder was submitted. Blocks (bounded by

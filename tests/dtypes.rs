@@ -233,11 +233,7 @@ fn half_rows_in_gpu_buffers_at_odd_offsets() {
             draft_vocab_size: None,
             synthetic_rates: None,
         };
-        let mut encoder =
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let pending = v.record(&mut encoder, &batch).unwrap();
-        queue.submit([encoder.finish()]);
-        let got = v.read_blocking(pending).unwrap();
+        let got = record_and_read(v, &batch);
         assert_eq!(got, want, "{dtype:?} kind {kind}");
     }
     // An f16 buffer offset that is not a multiple of 2 is refused before anything is recorded.
@@ -352,6 +348,16 @@ fn plain_batch(seed: u64, case: PlainCase) -> (Owned, Logits<'static>, Logits<'s
     (o, t, d)
 }
 
+/// `batch` recorded into an encoder of `v`'s device, submitted, and read back.
+fn record_and_read(v: &specdec::Verifier, batch: &GpuVerifyBatch<'_>) -> specdec::VerifyOutput {
+    let (device, queue) = v.device().unwrap();
+    let mut encoder =
+        device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    let pending = v.record(&mut encoder, batch).unwrap();
+    queue.submit([encoder.finish()]);
+    v.read_blocking(pending).unwrap()
+}
+
 /// The target and draft rows of a `PlainCase` batch in GPU buffers of their own, the target
 /// at the case's byte offset (a placeholder draft buffer for one-hot drafts).
 fn upload_case(
@@ -431,14 +437,9 @@ fn plain_half_rows_match_their_f32_copy_bit_for_bit() {
         let batch = gpu_batch(&o, &rows, case);
         for verifier in [v, &packed] {
             let want = verifier.verify_blocking(&o.batch()).unwrap();
-            let mut encoder =
-                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            let pending = verifier.record(&mut encoder, &batch).unwrap();
-            queue.submit([encoder.finish()]);
-            let got = verifier.read_blocking(pending).unwrap();
+            let got = record_and_read(verifier, &batch);
             assert_eq!(got, want, "case {case:?}: half rows vs their f32 copy");
-            let diffs = twin_differences(&got, &twin);
-            assert!(diffs.is_empty(), "case {case:?}: GPU vs twin {diffs:?}");
+            assert_matches_twin(&got, &twin, format!("case {case:?}: GPU vs twin"));
         }
         let statuses: Vec<_> = twin.status.iter().map(|s| format!("{s:?}")).collect();
         println!("case {case:?}: statuses {statuses:?}");
@@ -491,11 +492,7 @@ fn small_half_batches_read_half_words_and_match_their_f32_copy() {
             for verifier in [&plain, &tuned, &pairs] {
                 let want = verifier.verify_blocking(&o.batch()).unwrap();
                 let before = verifier.half_words_calls();
-                let mut encoder =
-                    device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-                let pending = verifier.record(&mut encoder, &batch).unwrap();
-                queue.submit([encoder.finish()]);
-                let got = verifier.read_blocking(pending).unwrap();
+                let got = record_and_read(verifier, &batch);
                 let took = verifier.half_words_calls() - before;
                 let on_pairs = std::ptr::eq(verifier, &pairs);
                 assert_eq!(
@@ -504,8 +501,7 @@ fn small_half_batches_read_half_words_and_match_their_f32_copy() {
                     "{what}: half words taken {took} times"
                 );
                 assert_eq!(got, want, "{what}: half rows vs their f32 copy");
-                let diffs = twin_differences(&got, &twin);
-                assert!(diffs.is_empty(), "{what}: GPU vs twin {diffs:?}");
+                assert_matches_twin(&got, &twin, format!("{what}: GPU vs twin"));
             }
         }
     }
