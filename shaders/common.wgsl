@@ -219,7 +219,21 @@ fn widen(word: u32, i: u32, half_bits: u32) -> f32 {
     if (half_bits == PARAM_T_BF16) {
         return bitcast<f32>(h << 16u);
     }
-    return f16_to_f32(h);
+    return f16_of_word(word, i & 1u);
+}
+
+// Half `i` (0: low 16 bits, 1: high) of a word of binary16 values, widened exactly. F16_UNPACK
+// and unpack_f16x2 come from the variant's text (f16_unpack_device.wgsl, where the device's
+// unpack2x16float widens every binary16 value as f16_to_f32 does, NaN to some NaN; else
+// f16_unpack_integer.wgsl): the device's one conversion instead of f16_to_f32's integer
+// operations and branches. Every kernel tests NaN by its bits (is_nan) before using a value, so
+// a NaN's payload never reaches a result.
+fn f16_of_word(word: u32, i: u32) -> f32 {
+    if (F16_UNPACK) {
+        let p = unpack_f16x2(word);
+        return select(p.x, p.y, i != 0u);
+    }
+    return f16_to_f32(select(word & 0xffffu, word >> 16u, i != 0u));
 }
 
 // The logprob pair of a slot that holds no token (and of a stop the residual pass settles).

@@ -754,6 +754,12 @@ struct Acc2 {
 // The 8 half values of one 16-byte word group in the PLAIN_F16 / PLAIN_BF16 type, in order: the
 // low half of each word comes first (little-endian rows).
 fn widen8(w: vec4<u32>) -> Eight {
+    if (PLAIN_F16 && F16_UNPACK) {
+        return Eight(
+            vec4<f32>(unpack_f16x2(w.x), unpack_f16x2(w.y)),
+            vec4<f32>(unpack_f16x2(w.z), unpack_f16x2(w.w)),
+        );
+    }
     return Eight(
         vec4<f32>(plain_half(w.x, 0u), plain_half(w.x, 1u), plain_half(w.y, 0u), plain_half(w.y, 1u)),
         vec4<f32>(plain_half(w.z, 0u), plain_half(w.z, 1u), plain_half(w.w, 0u), plain_half(w.w, 1u)),
@@ -869,6 +875,15 @@ fn push4_any(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_fla
 // Entries y .. y+7 (raw halves `w`) pushed to the two lanes' states: ordinary groups (nearly all)
 // skip the special-value handling, the others take widen8 and push4.
 fn push8_halves(acc: Acc2, w: vec4<u32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc2 {
+    if (PLAIN_F16 && F16_UNPACK) {
+        // The device's exact conversion makes f16 rows f32 rows: zeros and subnormals are
+        // ordinary f32 values, so push4_any's test of the widened values is the only one.
+        let v = widen8(w);
+        return Acc2(
+            push4_any(acc.a, v.lo, y, inv_t, with_sum, nan_flag, inf_flag, with_ent),
+            push4_any(acc.b, v.hi, y + 4u, inv_t, with_sum, nan_flag, inf_flag, with_ent),
+        );
+    }
     if (ordinary8(w)) {
         let v = widen8_ordinary(w);
         return Acc2(push4_finite(acc.a, v.lo, y, inv_t, with_sum, with_ent), push4_finite(acc.b, v.hi, y + 4u, inv_t, with_sum, with_ent));

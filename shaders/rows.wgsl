@@ -26,12 +26,12 @@ override DRAFT_F32: bool = false;
 
 // Half value `i` (0 or 1: low or high 16 bits) of a word of target rows in the PLAIN_F16 /
 // PLAIN_BF16 type, widened exactly: bf16 is the high half of an f32; binary16 goes through
-// f16_to_f32 (unpack2x16float would need a capability that not every device has).
+// f16_of_word (the device's conversion where it is exact, else f16_to_f32).
 fn plain_half(word: u32, i: u32) -> f32 {
     if (PLAIN_BF16) {
         return bitcast<f32>(select(word << 16u, word & 0xffff0000u, i != 0u));
     }
-    return f16_to_f32(select(word & 0xffffu, word >> 16u, i != 0u));
+    return f16_of_word(word, i);
 }
 
 // Element i of the target / draft binding, whatever its element type.

@@ -17,6 +17,12 @@ pub const LANES_SUBGROUP: &str = include_str!("../shaders/lanes_subgroup.wgsl");
 /// Lane exchange for any device: every fold level through workgroup memory.
 pub const LANES_PORTABLE: &str = include_str!("../shaders/lanes_portable.wgsl");
 
+/// f16 widening by the device's `unpack2x16float` (`Variant::f16_unpack`; needs wgpu's
+/// `DownlevelFlags::SHADER_F16_IN_F32`).
+pub const F16_UNPACK_DEVICE: &str = include_str!("../shaders/f16_unpack_device.wgsl");
+/// f16 widening by integer operations, for any device.
+pub const F16_UNPACK_INTEGER: &str = include_str!("../shaders/f16_unpack_integer.wgsl");
+
 /// The Params of the verification kernels as a uniform slot at binding 0 (every device).
 pub const PARAMS_UNIFORM: &str = include_str!("../shaders/params_uniform.wgsl");
 /// The Params of the verification kernels as immediate data (needs `wgpu::Features::IMMEDIATES`).
@@ -59,6 +65,10 @@ pub struct Variant {
     /// instead of a uniform slot at binding 0 (needs `wgpu::Features::IMMEDIATES` and
     /// [`crate::layout::Params`]' size within the device's `max_immediate_size`).
     pub immediates: bool,
+    /// The device's `unpack2x16float` widens binary16 rows (the `F16_UNPACK` override), where a
+    /// check when the verifier is made found it exact for all 65,536 values; else the integer
+    /// widening. The same bits either way.
+    pub f16_unpack: bool,
 }
 
 impl Variant {
@@ -68,8 +78,8 @@ impl Variant {
     }
 
     /// The optional features in use, as `describe()` and the benchmark's adapter line print
-    /// them: any of `", int64 Philox"`, `", 32-lane subgroup folds"` and
-    /// `", Params as immediates"`, in that order, or nothing.
+    /// them: any of `", int64 Philox"`, `", 32-lane subgroup folds"`,
+    /// `", Params as immediates"` and `", f16 unpack"`, in that order, or nothing.
     pub fn describe(self) -> String {
         let mut s = String::new();
         if self.int64 {
@@ -80,6 +90,9 @@ impl Variant {
         }
         if self.immediates {
             s.push_str(", Params as immediates");
+        }
+        if self.f16_unpack {
+            s.push_str(", f16 unpack");
         }
         s
     }
@@ -222,8 +235,8 @@ impl Kernel {
         !matches!(self, Kernel::RngCheck | Kernel::ReadBandwidth)
     }
 
-    /// The full source handed to the device for `variant`: common declarations, the `mul_wide`
-    /// and lane exchange of the variant, the Params declaration of the variant for the kernels
+    /// The full source handed to the device for `variant`: common declarations, the f16
+    /// widening, `mul_wide` and lane exchange of the variant, the Params declaration of the variant for the kernels
     /// that take them, [`ROWS`] for the kernels that read rows, then the kernel and its
     /// [`Kernel::companions`].
     ///
@@ -255,6 +268,11 @@ impl Kernel {
         } else {
             LANES_PORTABLE
         };
+        let f16 = if variant.f16_unpack {
+            F16_UNPACK_DEVICE
+        } else {
+            F16_UNPACK_INTEGER
+        };
         let params = match (self.takes_params(), variant.immediates) {
             (false, _) => "",
             (true, false) => PARAMS_UNIFORM,
@@ -276,7 +294,7 @@ impl Kernel {
             })
             .collect();
         let companions = companions.join("\n");
-        format!("{COMMON}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}\n{companions}")
+        format!("{COMMON}\n{f16}\n{mul_wide}\n{lanes}\n{params}\n{rows}\n{body}\n{companions}")
     }
 }
 
@@ -308,6 +326,9 @@ pub fn validate_variant(
     }
     if variant.immediates {
         caps |= naga::valid::Capabilities::IMMEDIATES;
+    }
+    if variant.f16_unpack {
+        caps |= naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
     }
     // Every kernel's text, then row_stats_verify's other one (its lane_runs pipelines).
     let texts = Kernel::ALL.iter().map(|&k| (k, k.source(variant))).chain([(
@@ -342,9 +363,9 @@ pub fn validate_variant(
 pub const GATHER_ROWS: &str = include_str!("../shaders/gather_rows.wgsl");
 
 /// The full source of `gather_rows` handed to the device: common declarations, the portable
-/// `mul_wide`, then the kernel (entry point `main`, workgroup size from the `WG` override).
+/// f16 widening and `mul_wide`, then the kernel (entry point `main`, workgroup size from the `WG` override).
 pub fn gather_rows_source() -> String {
-    format!("{COMMON}\n{MUL_WIDE_U32}\n{GATHER_ROWS}")
+    format!("{COMMON}\n{F16_UNPACK_INTEGER}\n{MUL_WIDE_U32}\n{GATHER_ROWS}")
 }
 
 /// Parses and validates `gather_rows` with naga (no GPU needed).

@@ -109,6 +109,13 @@ pub struct VerifierOptions {
     /// registers may gain one memory round per dispatch; `specdec bench --immediates` measures
     /// it on yours.
     pub immediates: bool,
+    /// Widen f16 rows with the device's `unpack2x16float` (one conversion per value) where a
+    /// check when the verifier is made finds it exact for every one of the 65,536 binary16
+    /// values, else with integer operations (default true). The same results either way; the
+    /// check runs one small kernel when the device's kernels are built. On an H200 the integer
+    /// widening made f16 rows 1.17-1.23x slower than f32 rows (`docs/performance.md`). False
+    /// forces the integer widening.
+    pub f16_unpack: bool,
     /// The runtime checks naga compiles into every kernel, or `None` (the default) for the
     /// measured choice: index clamps everywhere, and wgpu's loop-bounding counter everywhere
     /// except row_stats and residual_argmax. Their loops run to bounds the host validates
@@ -148,6 +155,7 @@ impl Default for VerifierOptions {
             shader_int64: true,
             subgroups: true,
             immediates: false,
+            f16_unpack: true,
             shader_checks: None,
             pipelines: PipelineBuild::OnDemand,
             max_binding_bytes: None,
@@ -355,7 +363,8 @@ impl Verifier {
     /// `wide_greedy_chunks`, `fused_greedy`, `fused_verify_chunks`, `max_binding_bytes`,
     /// `timeout`, `spin_wait`, `seed_source`, `cpu_threads`; `pipelines`: `Eager` builds the
     /// pipelines the device's kernels have not built yet), but not the kernels themselves:
-    /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates` and `shader_checks` must be
+    /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates`, `f16_unpack` and
+    /// `shader_checks` must be
     /// this verifier's, else [`Error::InvalidOptions`] names the first that differs. The two
     /// verifiers are independent (own buffers, own seeds) and share the device: its loss ends
     /// both (`opts.device` is not consulted). On the CPU backend this is [`Verifier::cpu`] with
@@ -371,6 +380,7 @@ impl Verifier {
             ("shader_int64", mine.shader_int64 != opts.shader_int64),
             ("subgroups", mine.subgroups != opts.subgroups),
             ("immediates", mine.immediates != opts.immediates),
+            ("f16_unpack", mine.f16_unpack != opts.f16_unpack),
             (
                 "shader_checks",
                 checks_key(mine.shader_checks) != checks_key(opts.shader_checks),

@@ -533,3 +533,63 @@ fn half_rows_through_the_early_race_give_the_tokens_of_the_late_one() {
         );
     }
 }
+
+/// f16 rows widened by the device's `unpack2x16float` (`VerifierOptions::f16_unpack`, taken
+/// where the check at creation finds it exact) and by the kernels' integer operations give the
+/// same outputs, equal to the CPU twin's: the plain half path (pairs and half words), the
+/// dtype-dispatching loads of filtered rows and of f16 draft logits beside bf16 target rows,
+/// with the subnormals, ±inf and NaN of `plain_rows`. The default verifier must have taken
+/// the device's conversion, or every other f16 test here would exercise only one of the two
+/// widenings: a device whose conversion fails the check is accepted only with
+/// `SPECDEC_TEST_NO_F16_UNPACK=1`.
+#[test]
+fn f16_rows_widened_by_the_device_and_by_integer_operations_agree() {
+    let Some(v) = gpu() else { return };
+    let (device, queue) = v.device().unwrap();
+    let unpacks = v.describe().contains("f16 unpack");
+    if std::env::var("SPECDEC_TEST_NO_F16_UNPACK").as_deref() == Ok("1") {
+        eprintln!("f16 unpack on this device: {unpacks} (SPECDEC_TEST_NO_F16_UNPACK=1)");
+    } else {
+        assert!(
+            unpacks,
+            "the device's f16 conversion failed its check: {} (set SPECDEC_TEST_NO_F16_UNPACK=1 \
+             to accept that)",
+            v.describe()
+        );
+    }
+    let integer = specdec::Verifier::with_device(
+        device.clone(),
+        queue.clone(),
+        specdec::VerifierOptions {
+            f16_unpack: false,
+            ..test_options()
+        },
+    )
+    .unwrap();
+    assert!(!integer.describe().contains("f16 unpack"));
+    let (f16, bf16, f32) = (Dtype::F16, Dtype::Bf16, Dtype::F32);
+    let cases: [PlainCase; 5] = [
+        (f16, 12288, 0, 2, f16, false),
+        (f16, 9999, 2, 1, f32, false),
+        (f16, 12288, 0, 2, f16, true),
+        (bf16, 12288, 0, 2, f16, false),
+        (f16, 20480, 0, 0, f32, false),
+    ];
+    for (n, case) in cases.into_iter().enumerate() {
+        let (o, t, d) = plain_batch(1100 + n as u64, case);
+        let twin = cpu().verify_blocking(&with_rows(&o, t, d)).unwrap();
+        let rows = upload_case(device, queue, (t, d), case);
+        let batch = gpu_batch(&o, &rows, case);
+        let got = record_and_read(v, &batch);
+        assert_matches_twin(
+            &got,
+            &twin,
+            format!("case {case:?}: default verifier vs twin"),
+        );
+        assert_eq!(
+            record_and_read(&integer, &batch),
+            got,
+            "case {case:?}: integer widening vs the default verifier's"
+        );
+    }
+}

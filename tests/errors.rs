@@ -462,6 +462,13 @@ fn with_tuning_refuses_other_kernels_and_keeps_the_tokens() {
             },
         ),
         (
+            "f16_unpack",
+            VerifierOptions {
+                f16_unpack: false,
+                ..Default::default()
+            },
+        ),
+        (
             "shader_checks",
             VerifierOptions {
                 shader_checks: Some(wgpu::ShaderRuntimeChecks::unchecked()),

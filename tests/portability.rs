@@ -444,7 +444,9 @@ fn every_kernel_translates_to_every_backend() {
 /// The subgroup variant (`Variant::subgroup_lanes`; row_stats, row_stats_verify and block_mass fold the lanes
 /// below `SG_LANES` through shuffles) translates to the languages of the backends that offer
 /// wgpu's `SUBGROUP` (SPIR-V, MSL, HLSL shader model 6.0), for subgroups of 8, 32 and 64 lanes,
-/// and its SPIR-V passes spirv-val where it is installed (required with `CI=true`).
+/// and its SPIR-V passes spirv-val where it is installed (required with `CI=true`). The f16
+/// rows' device conversion (`Variant::f16_unpack`) is in this variant too, as on a device that
+/// passed its check.
 #[test]
 fn subgroup_folds_translate_to_the_subgroup_backends() {
     let ci = std::env::var("CI").as_deref() == Ok("true");
@@ -456,6 +458,7 @@ fn subgroup_folds_translate_to_the_subgroup_backends() {
         int64: false,
         subgroup_lanes: 32,
         immediates: false,
+        f16_unpack: true,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let mut failures = Vec::new();

@@ -37,6 +37,7 @@ fn subgroup_variant_validates() {
         int64: true,
         subgroup_lanes: 32,
         immediates: false,
+        f16_unpack: true,
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(modules.len(), Kernel::ALL.len() + 1);
@@ -50,6 +51,7 @@ fn subgroup_variant_validates() {
         int64: true,
         subgroup_lanes: 32,
         immediates: false,
+        f16_unpack: false,
     };
     assert_eq!(both.describe(), ", int64 Philox, 32-lane subgroup folds");
     let all = Variant {
@@ -60,10 +62,22 @@ fn subgroup_variant_validates() {
         all.describe(),
         ", int64 Philox, 32-lane subgroup folds, Params as immediates"
     );
+    let f16 = Variant {
+        f16_unpack: true,
+        ..all
+    };
+    assert_eq!(
+        f16.describe(),
+        ", int64 Philox, 32-lane subgroup folds, Params as immediates, f16 unpack"
+    );
     assert_eq!(Variant::default().describe(), "");
+    // The device's f16 conversion needs a capability not every device has (wgpu's
+    // SHADER_F16_IN_F32): only its variant's text may call it.
     for k in Kernel::ALL {
         let portable = k.source(Variant::default());
         assert!(!portable.contains("subgroupShuffle"), "{}", k.name());
+        assert!(!portable.contains("unpack2x16float("), "{}", k.name());
+        assert!(k.source(f16).contains("unpack2x16float("), "{}", k.name());
     }
 }
 

@@ -20,6 +20,7 @@ mod checks;
 mod cutoff;
 mod diagnostics;
 mod pipelines;
+mod probes;
 mod readback;
 mod residual;
 mod row_stats;
@@ -215,6 +216,7 @@ impl GpuBackend {
             immediates: opts.immediates
                 && device.features().contains(wgpu::Features::IMMEDIATES)
                 && device.limits().max_immediate_size as usize >= bindings::PARAMS_BYTES,
+            f16_unpack: opts.f16_unpack && probes::f16_unpack_is_exact(&device, &queue),
         };
         let (layouts, pipelines, [dummy, dummy_rw]) = scoped(&device, || {
             let (layouts, pipelines) = build_pipelines(&device, variant, wg, opts.shader_checks);

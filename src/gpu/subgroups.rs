@@ -8,9 +8,6 @@
 //! device that does not keeps the portable folds (same results, every level through
 //! workgroup memory).
 
-use super::readback::read_words;
-use super::scoped;
-
 /// The probe's shader source.
 const PROBE: &str = include_str!("../../shaders/subgroup_layout.wgsl");
 /// Levels of the probe (d = 1, 2, .., 32) and lanes per level.
@@ -35,60 +32,15 @@ pub(super) fn device_layout_is_ordered(
     queue: &wgpu::Queue,
     lanes: u32,
 ) -> bool {
-    let bytes = (LEVELS * LANES * 4) as u64;
-    let built = scoped(device, || {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("specdec.subgroup_layout"),
-            source: wgpu::ShaderSource::Wgsl(PROBE.into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("specdec.subgroup_layout"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        let seen = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("specdec.subgroup_layout.seen"),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("specdec.subgroup_layout.staging"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("specdec.subgroup_layout"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[wgpu::BindGroupEntry {
-                binding: 0,
-                resource: seen.as_entire_binding(),
-            }],
-        });
-        let mut enc = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(1, 1, 1);
-        }
-        enc.copy_buffer_to_buffer(&seen, 0, &staging, 0, bytes);
-        (queue.submit([enc.finish()]), staging)
-    });
-    let Ok((submission, staging)) = built else {
-        return false;
-    };
-    read_words(
+    super::probes::run(
         device,
-        &staging,
-        submission,
-        std::time::Duration::from_secs(10),
+        queue,
+        "specdec.subgroup_layout",
+        PROBE,
+        1,
+        LEVELS * LANES,
     )
-    .is_ok_and(|seen| layout_is_ordered(&seen, lanes))
+    .is_some_and(|seen| layout_is_ordered(&seen, lanes))
 }
 
 #[cfg(test)]

@@ -152,6 +152,8 @@ pub struct BenchConfig {
     pub subgroups: bool,
     /// `VerifierOptions::immediates` of the verifier under test.
     pub immediates: bool,
+    /// `VerifierOptions::f16_unpack` of the verifier under test.
+    pub f16_unpack: bool,
     /// `VerifierOptions::pipelines` of the verifier under test. The timings are the same
     /// either way (every point's pipelines are built in its warm-up calls); the creation time
     /// printed differs.
@@ -200,6 +202,7 @@ impl BenchConfig {
             shader_int64: self.shader_int64,
             subgroups: self.subgroups,
             immediates: self.immediates,
+            f16_unpack: self.f16_unpack,
             pipelines: self.pipelines,
             ..VerifierOptions::default()
         }
@@ -226,6 +229,7 @@ impl BenchConfig {
             shader_int64: true,
             subgroups: true,
             immediates: VerifierOptions::default().immediates,
+            f16_unpack: VerifierOptions::default().f16_unpack,
             pipelines: VerifierOptions::default().pipelines,
             shader_checks: None,
             workgroup_size: None,
@@ -1930,6 +1934,7 @@ fn option_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
     flag(cfg.shader_int64 != base.shader_int64, "portable");
     flag(cfg.subgroups != base.subgroups, "no-subgroups");
     flag(cfg.immediates != base.immediates, "immediates");
+    flag(cfg.f16_unpack != base.f16_unpack, "no-f16-unpack");
     flag(cfg.pipelines != base.pipelines, "eager-pipelines");
     flag(cfg.fused_greedy != base.fused_greedy, "no-fused-greedy");
     let numbers = [
@@ -2108,6 +2113,7 @@ Options:
   --portable          do not use SHADER_INT64  --target-wgs N     workgroups a pass aims for
   --no-subgroups      fold every level through workgroup memory (VerifierOptions::subgroups)
   --immediates        Params as immediate data, not uniform slots (VerifierOptions::immediates)
+  --no-f16-unpack     widen f16 rows with integer operations (VerifierOptions::f16_unpack)
   --eager-pipelines   build every pipeline with the verifier (PipelineBuild::Eager), not at the
                       first call of each kind; prints how long the verifier took to make
   --workgroup-size N  invocations per workgroup of the residual, cutoff and block-mass passes
@@ -2218,6 +2224,7 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             "--portable" => cfg.shader_int64 = false,
             "--no-subgroups" => cfg.subgroups = false,
             "--immediates" => cfg.immediates = true,
+            "--no-f16-unpack" => cfg.f16_unpack = false,
             "--eager-pipelines" => cfg.pipelines = crate::PipelineBuild::Eager,
             "--no-fused-greedy" => cfg.fused_greedy = false,
             "--fused-verify" => {
