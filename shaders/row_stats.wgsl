@@ -786,11 +786,13 @@ fn load8_target(base: u32, y: u32, vec4_path: bool) -> vec4<u32> {
 }
 
 // True when the 8 halves of `w` widen without special cases and push4's NaN / +inf tests would
-// find nothing: no exponent field all ones (±inf, NaN) and, for f16, none all zeros (±0,
-// subnormals). Two halves per word at once: adding one unit of the exponent's lowest bit to the
+// find nothing: no exponent field all ones (±inf, NaN) and, for f16 widened by integer
+// operations, none all zeros (±0, subnormals; the device's conversion, F16_UNPACK, widens those
+// as any value). Two halves per word at once: adding one unit of the exponent's lowest bit to the
 // masked exponent carries into the sign bit's place exactly when the exponent is all ones
 // (bf16: (e << 7) + 0x80; f16: (e << 10) + 0x400), and adding 31 units to an f16 exponent reaches
-// it exactly when the exponent is not 0.
+// it exactly when the exponent is not 0. One test of the raw words for 8 entries: cheaper than
+// push4_any's test of each four widened values.
 fn ordinary8(w: vec4<u32>) -> bool {
     let sign_bits = vec4<u32>(0x80008000u);
     if (PLAIN_BF16) {
@@ -799,15 +801,19 @@ fn ordinary8(w: vec4<u32>) -> bool {
     }
     let e = w & vec4<u32>(0x7c007c00u);
     let top = (e + vec4<u32>(0x04000400u)) & sign_bits;
+    if (F16_UNPACK) {
+        return ((top.x | top.y) | (top.z | top.w)) == 0u;
+    }
     let zero = ((e + vec4<u32>(0x7c007c00u)) & sign_bits) ^ sign_bits;
     let bad = top | zero;
     return ((bad.x | bad.y) | (bad.z | bad.w)) == 0u;
 }
 
-// widen8 for halves that pass ordinary8: bf16 as always; f16 normals by re-biasing the exponent
-// (the exact rule of f16_to_f32 for 1 <= e <= 30), both halves of each word in a few integer ops.
+// widen8 for halves that pass ordinary8: bf16 and the device's f16 conversion as always; else
+// f16 normals by re-biasing the exponent (the exact rule of f16_to_f32 for 1 <= e <= 30), both
+// halves of each word in a few integer ops.
 fn widen8_ordinary(w: vec4<u32>) -> Eight {
-    if (PLAIN_BF16) {
+    if (PLAIN_BF16 || F16_UNPACK) {
         return widen8(w);
     }
     let lo = bitcast<vec4<f32>>((((w & vec4<u32>(0x7fffu)) << vec4<u32>(13u)) + vec4<u32>(0x38000000u)) | ((w & vec4<u32>(0x8000u)) << vec4<u32>(16u)));
@@ -875,15 +881,6 @@ fn push4_any(acc: Acc, v: vec4<f32>, y: u32, inv_t: f32, with_sum: bool, nan_fla
 // Entries y .. y+7 (raw halves `w`) pushed to the two lanes' states: ordinary groups (nearly all)
 // skip the special-value handling, the others take widen8 and push4.
 fn push8_halves(acc: Acc2, w: vec4<u32>, y: u32, inv_t: f32, with_sum: bool, nan_flag: u32, inf_flag: u32, with_ent: bool) -> Acc2 {
-    if (PLAIN_F16 && F16_UNPACK) {
-        // The device's exact conversion makes f16 rows f32 rows: zeros and subnormals are
-        // ordinary f32 values, so push4_any's test of the widened values is the only one.
-        let v = widen8(w);
-        return Acc2(
-            push4_any(acc.a, v.lo, y, inv_t, with_sum, nan_flag, inf_flag, with_ent),
-            push4_any(acc.b, v.hi, y + 4u, inv_t, with_sum, nan_flag, inf_flag, with_ent),
-        );
-    }
     if (ordinary8(w)) {
         let v = widen8_ordinary(w);
         return Acc2(push4_finite(acc.a, v.lo, y, inv_t, with_sum, with_ent), push4_finite(acc.b, v.hi, y + 4u, inv_t, with_sum, with_ent));
