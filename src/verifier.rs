@@ -564,7 +564,14 @@ impl Verifier {
                 let result = (|| {
                     let index = g.submit_host(&mut ws, &plan, batch.target_logits, draft)?;
                     g.wait(Some(index))?;
-                    g.read_cutoffs(&ws, plan.total_rows + plan.total_drafts)
+                    let mut cuts = g.read_cutoffs(&ws, plan.total_rows + plan.total_drafts)?;
+                    // The cutoff kernel cuts draft rows only when they are logits, and no kernel
+                    // reads a cut-off of draft probabilities, so those slots hold whatever the
+                    // workspace held: nothing is cut there.
+                    if plan.draft_kind != crate::layout::DRAFT_LOGITS {
+                        cuts[plan.total_rows..].fill(f32::NEG_INFINITY);
+                    }
+                    Ok(cuts)
                 })();
                 g.give_back_if_ok(ws, &result);
                 result

@@ -553,3 +553,59 @@ fn several_threads_share_one_verifier() {
         });
     });
 }
+
+/// Cut-off readbacks (the `cutoffs_blocking` hook) from three threads at once on one device,
+/// beside a thread whose calls poll it without pause (`spin_wait`): each readback's map
+/// callback may run on another thread's poll, after the reading thread's own wait returned;
+/// every read must still give the twin's cut-offs.
+#[test]
+fn cut_off_readbacks_from_several_threads() {
+    let Some(v) = gpu() else { return };
+    let spinner = gpu_tuned(VerifierOptions {
+        spin_wait: Some(Duration::from_secs(1)),
+        ..test_options()
+    });
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut g = Gen::new(41);
+    let batches: Vec<Owned> = (0..6u32)
+        .map(|i| {
+            let mut o = Owned::random(&mut g, 2000 + 37 * i, &[2, 1], &[1.0, 0.8], 1, 0.5);
+            for r in o.requests.iter_mut() {
+                r.params = r.params.with_top_k(20).with_top_p(0.9);
+            }
+            o
+        })
+        .collect();
+    let bits = |c: Vec<f32>| c.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+    let want: Vec<Vec<u32>> = batches
+        .iter()
+        .map(|b| bits(cpu().cutoffs_blocking(&b.batch()).unwrap()))
+        .collect();
+    std::thread::scope(|s| {
+        let (spinner, done, first) = (&spinner, &done, &batches[0]);
+        s.spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                spinner.verify_blocking(&first.batch()).unwrap();
+            }
+        });
+        let readers: Vec<_> = (0..3)
+            .map(|t| {
+                let (batches, want) = (&batches, &want);
+                s.spawn(move || {
+                    for round in 0..150 {
+                        let i = (t * 5 + round) % batches.len();
+                        let got = v
+                            .cutoffs_blocking(&batches[i].batch())
+                            .unwrap_or_else(|e| panic!("thread {t} round {round}: {e}"));
+                        assert_eq!(bits(got), want[i], "thread {t} round {round}");
+                    }
+                })
+            })
+            .collect();
+        let outcome: Vec<_> = readers.into_iter().map(|h| h.join()).collect();
+        done.store(true, Ordering::Relaxed);
+        for r in outcome {
+            r.unwrap_or_else(|p| std::panic::resume_unwind(p));
+        }
+    });
+}

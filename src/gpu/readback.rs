@@ -232,12 +232,27 @@ impl GpuBackend {
             *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
         self.wait(None)?;
-        match flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(Ok(())) => {}
-            other => {
-                return Err(Error::Gpu {
-                    detail: format!("test readback failed: {other:?}"),
-                })
+        // As in `wait_for_map`: another thread's poll on the same device may have taken our
+        // callback and run it a moment after our wait returned, so the flag is polled until it
+        // is set, within the timeout.
+        let start = std::time::Instant::now();
+        loop {
+            match flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                Some(Ok(())) => break,
+                Some(Err(e)) => {
+                    return Err(Error::Gpu {
+                        detail: format!("test readback failed: {e}"),
+                    })
+                }
+                None if start.elapsed() > self.timeout => {
+                    return Err(Error::Timeout {
+                        waited: self.timeout,
+                    })
+                }
+                None => {
+                    self.poll_once()?;
+                    std::thread::yield_now();
+                }
             }
         }
         let out =
