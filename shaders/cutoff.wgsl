@@ -1031,7 +1031,10 @@ fn finish_bin(lane: u32, at: u32, local_row: u32, side: u32, info: ReqInfo, stag
     radix_rounds(lane, at, t, first_round, from_list, count, 1.0, side, base, len);
     if (all) {
         // Top-p over the list's keys at or above top-k's cut-off: they share the leading bytes
-        // of that key and the list's greatest.
+        // of that key and the list's greatest. The barrier first: radix_rounds may have run no
+        // round (and reached no barrier), and other lanes may still be reading w_kbase for `t`
+        // when lane 0 rewrites it (`all` is uniform, so every lane reaches the barrier).
+        workgroupBarrier();
         if (lane == 0u) {
             top_p_after_top_k(at);
         }
