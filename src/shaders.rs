@@ -65,9 +65,10 @@ pub struct Variant {
     /// instead of a uniform slot at binding 0 (needs `wgpu::Features::IMMEDIATES` and
     /// [`crate::layout::Params`]' size within the device's `max_immediate_size`).
     pub immediates: bool,
-    /// The device's `unpack2x16float` widens binary16 rows (the `F16_UNPACK` override), where a
-    /// check when the verifier is made found it exact for all 65,536 values; else the integer
-    /// widening. The same bits either way.
+    /// The device's `unpack2x16float` widens binary16 rows ([`F16_UNPACK_DEVICE`] in place of
+    /// [`F16_UNPACK_INTEGER`]), where a check when the verifier is made found it exact for all
+    /// 65,536 values (needs `wgpu::DownlevelFlags::SHADER_F16_IN_F32`). The same bits either
+    /// way.
     pub f16_unpack: bool,
 }
 
@@ -236,9 +237,9 @@ impl Kernel {
     }
 
     /// The full source handed to the device for `variant`: common declarations, the f16
-    /// widening, `mul_wide` and lane exchange of the variant, the Params declaration of the variant for the kernels
-    /// that take them, [`ROWS`] for the kernels that read rows, then the kernel and its
-    /// [`Kernel::companions`].
+    /// widening, `mul_wide` and lane exchange of the variant, the Params declaration of the
+    /// variant for the kernels that take them, [`ROWS`] for the kernels that read rows, then the
+    /// kernel and its [`Kernel::companions`].
     ///
     /// Development hook: when `SPECDEC_SHADER_DIR` is set and holds `<kernel>.wgsl`, that file
     /// replaces the built-in kernel body, and `<kernel>.<stem>.wgsl` or `<stem>.wgsl` a companion
@@ -363,7 +364,8 @@ pub fn validate_variant(
 pub const GATHER_ROWS: &str = include_str!("../shaders/gather_rows.wgsl");
 
 /// The full source of `gather_rows` handed to the device: common declarations, the portable
-/// f16 widening and `mul_wide`, then the kernel (entry point `main`, workgroup size from the `WG` override).
+/// f16 widening and `mul_wide`, then the kernel (entry point `main`, workgroup size from the
+/// `WG` override).
 pub fn gather_rows_source() -> String {
     format!("{COMMON}\n{F16_UNPACK_INTEGER}\n{MUL_WIDE_U32}\n{GATHER_ROWS}")
 }
