@@ -1,7 +1,9 @@
 // row_stats_verify's chunk partials (binding 5): twelve words per (row, chunk), the fields of
 // RowStats in order, stored and loaded as atomics. The last workgroup of a request reads the
-// partials the request's other workgroups wrote, and WGSL orders memory between workgroups only
-// through atomics (with the device-scope barriers around the count, as block_wide_settle does).
+// partials the request's other workgroups wrote. WGSL's atomics are relaxed and its
+// storageBarrier is workgroup-scoped, so the language alone does not promise that the last
+// workgroup sees them; what does is how naga translates the barriers around the count
+// (docs/design.md, "The last workgroup's handoff"), as for block_wide_settle.
 // Only the words some decision reads are stored and loaded: an atomic access is never dropped by
 // the compiler, and the merge's chain of folds waits for its loads. Draft softmaxes only with
 // draft logits, raw sums and entropy numerators only in the pipelines that keep them (never
