@@ -70,13 +70,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     verify_request(wid.x, lane);
 }
 
-// Block requests with a draft distribution, after block_mass: every lane computes the same τ
-// (no barrier needed, so the idle workgroups of other requests return at once), then the
-// request is settled as `main` settles the others.
+// Block requests with a draft distribution, after block_mass: every lane computes the same τ,
+// then the request is settled as `main` settles the others. Every lane reads the task before
+// the barrier: lane 0's settle_stop rewrites it, and a lane of a group that ran later would
+// otherwise find the request settled and leave its output slots unwritten (seen on lavapipe,
+// which runs 8 lanes at a time: slots 8 and up of a request with 9 or more).
 @compute @workgroup_size(64)
 fn block_settle(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let r = wid.x;
-    if (tasks[r].kind != TASK_PENDING_BLOCK) {
+    let pending = tasks[r].kind == TASK_PENDING_BLOCK;
+    storageBarrier();
+    if (!pending) {
         return;
     }
     let info = requests[r];

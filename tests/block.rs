@@ -701,3 +701,52 @@ fn block_matches_the_twin_on_every_grid_setting() {
         "the comparison must catch the wrong-residual fault ({caught} of {faulted})"
     );
 }
+
+/// Block requests with a draft distribution and more output slots than a group of lanes that a
+/// device may run ahead of the others (k = 12: 13 slots; lavapipe runs 8 lanes at a time), with
+/// drafts close to the target so that τ needs block_mass' masses and `block_settle` settles the
+/// request: every lane writes its slots, none may find the request settled by lane 0 already,
+/// so the output equals the twin's.
+#[test]
+fn long_block_requests_with_draft_distributions_settle_every_slot() {
+    let Some(gv) = gpu() else { return };
+    let (v, k) = (3000usize, 12usize);
+    let mut g = Gen::new(77);
+    for kind in [1u8, 2] {
+        let mut o = Owned::random(
+            &mut g,
+            v as u32,
+            &[k as u32; 24],
+            &[1.0, 0.7, 1.3],
+            kind,
+            0.8,
+        );
+        for r in o.requests.iter_mut() {
+            r.params.rule = Rule::Block;
+        }
+        // Draft row j (request j / k, position j % k) is the target row it drafts for, perturbed.
+        for j in 0..o.draft.len() / v {
+            let t = (j / k) * (k + 1) + j % k;
+            let row: Vec<f32> = o.target[t * v..(t + 1) * v]
+                .iter()
+                .map(|&x| x + 0.3 * g.normal() as f32)
+                .collect();
+            let row = match kind {
+                1 => softmax(&row, 1.0).into_iter().map(|x| x as f32).collect(),
+                _ => row,
+            };
+            o.draft[j * v..(j + 1) * v].copy_from_slice(&row);
+        }
+        let want = cpu().verify_blocking(&o.batch()).unwrap();
+        let long = (0..o.requests.len())
+            .filter(|&r| want.accepted(r) >= 8)
+            .count();
+        println!("kind {kind}: {long} of 24 requests accept 8 drafts or more");
+        assert!(long > 0, "kind {kind}: no request reaches the later slots");
+        assert_matches_twin(
+            &gv.verify_blocking(&o.batch()).unwrap(),
+            &want,
+            format!("kind {kind}"),
+        );
+    }
+}
