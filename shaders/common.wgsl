@@ -376,9 +376,13 @@ fn log_race_key(z: f32, w: f32) -> f32 {
 
 // Whether an entry with z = l / T and noise w can beat the key `bound`: e >= w, so its key is at
 // most z − ln w, and it can win only if w < exp(z − bound). Settles most entries without the
-// log, as the linear race's r > B·w does.
+// log, as the linear race's r > B·w does. Padded by 1.001 against the ulps of exp here and of
+// log in the key: where e is within rounding of w (small w), an entry whose computed key ties
+// the bound or beats it by an ulp must not be skipped, since the residual race's bound holds
+// other lanes' keys as they publish them, and a skip would then depend on their timing. The
+// twin (src/rng.rs) pads alike.
 fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
-    return w < exp(z - bound);
+    return w < exp(z - bound) * 1.001;
 }
 
 // An order-preserving u32 key of a non-NaN f32 (-inf lowest), and back: workgroup atomics take

@@ -188,9 +188,11 @@ fn race_step(best_in: Candidate, c: RaceCtx, y: u32, l: f32, dv: f32, bits: u32,
     }
     // e = -ln(1 - w) >= w, so a key r/e can only beat the best B if r > B·w: most tokens are
     // settled with one multiply and never evaluate the log (the twin applies the same rule).
-    // (An excluded tree token has residual 0: the twin zeroes it before this test.)
-    let r_may = res > 0.0 && res > max(best.r_key, floor_r) * w && !(c.excl_count > 0u && excluded(c, y));
-    let p_may = p > 0.0 && p > max(best.p_key, floor_p) * w;
+    // Padded by 1.001, as log_race_may, so that no key within rounding of B is skipped: B holds
+    // other lanes' keys as they publish them. (An excluded tree token has residual 0: the twin
+    // zeroes it before this test.)
+    let r_may = res > 0.0 && res * 1.001 > max(best.r_key, floor_r) * w && !(c.excl_count > 0u && excluded(c, y));
+    let p_may = p > 0.0 && p * 1.001 > max(best.p_key, floor_p) * w;
     if (r_may || p_may) {
         let e = exp1_from_w(w);
         let rk = res / e;
@@ -249,10 +251,10 @@ fn quad_max_logit(l: vec4<f32>, cut: f32) -> f32 {
 }
 
 // Whether some noise word of a quad may lie below the threshold t: bits < T + 2 with
-// T = t·2^32·1.001 (the padding against exp's ulps); any T at or past 4e9 (or NaN, +inf)
-// passes the quad.
+// T = t·2^32·1.002 (race_step's padding of 1.001 times one against exp's ulps here); any T at or
+// past 4e9 (or NaN, +inf) passes the quad.
 fn words_below(words: vec4<u32>, t: f32) -> bool {
-    let big_t = t * (4294967296.0 * 1.001);
+    let big_t = t * (4294967296.0 * 1.002);
     if (!(big_t < 4.0e9)) {
         return true;
     }

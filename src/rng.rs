@@ -103,10 +103,13 @@ pub fn log_race_key(z: f32, w: f32) -> f32 {
 }
 
 /// Whether an entry with `z = l / T` and noise `w` can beat the key `bound`: `e ≥ w` bounds its
-/// key by `z − ln w`, so it can win only if `w < exp(z − bound)` (`log_race_may` in the kernel).
+/// key by `z − ln w`, so it can win only if `w < exp(z − bound)` (`log_race_may` in the kernel),
+/// padded by 1.001 against the rounding of `exp` and of the key's `ln`, so that no entry whose
+/// computed key ties or beats `bound` is skipped: the race is then the argmax of the computed
+/// keys whatever order the bound rose in (on the GPU, other lanes' keys as they publish them).
 #[inline]
 pub fn log_race_may(z: f32, w: f32, bound: f32) -> bool {
-    w < (z - bound).exp()
+    w < (z - bound).exp() * 1.001
 }
 
 /// `-ln(1 − w)` for a `w` from [`w_from_bits`] (see [`exp1_from_bits`]).
@@ -135,6 +138,29 @@ pub fn exp1_from_w(w: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry whose computed key equals the bound (a tie, which the lower index wins) passes
+    /// `log_race_may`, for noise words across the whole range and logits from −20 to 20; the
+    /// test without its padding (a negative control) skips some of them: where `e` is within
+    /// rounding of `w`, `exp(z − key)` rounds to `w` or below.
+    #[test]
+    fn the_log_race_test_passes_every_entry_that_ties_its_bound() {
+        let unpadded = |z: f32, w: f32, bound: f32| w < (z - bound).exp();
+        let (mut checked, mut unpadded_skips) = (0, 0);
+        for i in 0..4000u32 {
+            let bits = i.wrapping_mul(2_654_435_761) >> (i % 32);
+            let w = w_from_bits(bits);
+            for j in 0..40 {
+                let z = -20.0 + j as f32 + (i % 97) as f32 / 97.0;
+                let key = log_race_key(z, w);
+                assert!(log_race_may(z, w, key), "w {w:e}, z {z}: a tie skipped");
+                checked += 1;
+                unpadded_skips += usize::from(!unpadded(z, w, key));
+            }
+        }
+        println!("{unpadded_skips} of {checked} ties skipped without the padding");
+        assert!(unpadded_skips > 0, "the negative control skipped no tie");
+    }
 
     /// Known-answer vectors published with Random123 (kat_vectors, philox4x32_10).
     #[test]

@@ -146,9 +146,10 @@ pub(crate) fn race_row(
             }
             res = (race.rho * p - q).max(0.0);
         }
-        // e ≥ w: a key r/e can only beat the best B if r > B·w (the kernel's rule).
-        let r_may = res > 0.0 && res > best.r_key * w;
-        let p_may = p > 0.0 && p > best.p_key * w;
+        // e ≥ w: a key r/e can only beat the best B if r > B·w (the kernel's rule, padded by
+        // 1.001 as `log_race_may` is, so that no key within rounding of B is skipped).
+        let r_may = res > 0.0 && res * 1.001 > best.r_key * w;
+        let p_may = p > 0.0 && p * 1.001 > best.p_key * w;
         if r_may || p_may {
             let e = exp1_from_w(w);
             let (rk, pk) = (res / e, p / e);
