@@ -119,9 +119,21 @@ impl GpuBackend {
             return Ok(w);
         }
         self.wait(submission)?;
+        self.poll_until(start, || self.collect(ws, words, flag))
+    }
+
+    /// After a wait that saw the submission done: `ready`'s value, polling the device (and
+    /// yielding) until it gives one, or `Error::Timeout` once the call's timeout has passed
+    /// since `start`. With several threads on one device, the thread whose poll completed the
+    /// submission may run a map callback a moment after the waiting thread's wait returned.
+    fn poll_until<T>(
+        &self,
+        start: std::time::Instant,
+        mut ready: impl FnMut() -> Result<Option<T>, Error>,
+    ) -> Result<T, Error> {
         loop {
-            if let Some(w) = self.collect(ws, words, flag)? {
-                return Ok(w);
+            if let Some(v) = ready()? {
+                return Ok(v);
             }
             if start.elapsed() > self.timeout {
                 return Err(Error::Timeout {
@@ -231,30 +243,18 @@ impl GpuBackend {
         read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
-        self.wait(None)?;
-        // As in `wait_for_map`: another thread's poll on the same device may have taken our
-        // callback and run it a moment after our wait returned, so the flag is polled until it
-        // is set, within the timeout.
         let start = std::time::Instant::now();
-        loop {
+        self.wait(None)?;
+        // As in `wait_for_map`: another thread's poll may run our callback after our wait.
+        self.poll_until(start, || {
             match flag.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                Some(Ok(())) => break,
-                Some(Err(e)) => {
-                    return Err(Error::Gpu {
-                        detail: format!("test readback failed: {e}"),
-                    })
-                }
-                None if start.elapsed() > self.timeout => {
-                    return Err(Error::Timeout {
-                        waited: self.timeout,
-                    })
-                }
-                None => {
-                    self.poll_once()?;
-                    std::thread::yield_now();
-                }
+                None => Ok(None),
+                Some(Ok(())) => Ok(Some(())),
+                Some(Err(e)) => Err(Error::Gpu {
+                    detail: format!("test readback failed: {e}"),
+                }),
             }
-        }
+        })?;
         let out =
             bytemuck::cast_slice::<u8, f32>(&read.slice(..).get_mapped_range().map_err(|e| {
                 Error::Gpu {
