@@ -110,7 +110,7 @@ pub(super) fn f16_unpack_is_exact(device: &wgpu::Device, queue: &wgpu::Queue) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn exact() -> Vec<u32> {
@@ -126,40 +126,40 @@ mod tests {
 
     #[test]
     fn another_nan_passes_and_anything_else_wrong_fails() {
-        // 0x7c01: a signalling NaN; a device may return it quieted.
-        let mut seen = exact();
-        seen[0x7c01] = 0x7fc0_0000;
-        assert!(widening_is_exact(&seen));
-        // A flushed subnormal (0x0001 is 2^-24).
-        let mut seen = exact();
-        seen[0x0001] = 0;
-        assert!(!widening_is_exact(&seen));
-        // -0 widened to +0.
-        let mut seen = exact();
-        seen[0x8000] = 0;
-        assert!(!widening_is_exact(&seen));
-        // A NaN widened to a number, and a number to a NaN.
-        let mut seen = exact();
-        seen[0xfe00] = 0xff80_0000;
-        assert!(!widening_is_exact(&seen));
-        let mut seen = exact();
-        seen[0x3c00] = 0x7fc0_0000;
-        assert!(!widening_is_exact(&seen));
-        // One ulp off, and a short answer.
-        let mut seen = exact();
-        seen[0x3555] += 1;
-        assert!(!widening_is_exact(&seen));
+        let one_ulp_up = exact()[0x3555] + 1;
+        // (binary16 value, the device's answer for it, whether the check passes)
+        let cases = [
+            (0x7c01, 0x7fc0_0000, true),  // a signalling NaN returned quieted
+            (0x0001, 0, false),           // a flushed subnormal (0x0001 is 2^-24)
+            (0x8000, 0, false),           // -0 widened to +0
+            (0xfe00, 0xff80_0000, false), // a NaN widened to a number
+            (0x3c00, 0x7fc0_0000, false), // a number widened to a NaN
+            (0x3555, one_ulp_up, false),  // one ulp off
+        ];
+        for (h, bits, passes) in cases {
+            let mut seen = exact();
+            seen[h] = bits;
+            assert_eq!(widening_is_exact(&seen), passes, "{h:#06x} -> {bits:#010x}");
+        }
+        // A short answer.
         assert!(!widening_is_exact(&exact()[1..]));
+    }
+
+    /// A probe's source parses and validates with naga and `caps` (the probes' tests).
+    pub(in crate::gpu) fn assert_validates(source: &str, caps: naga::valid::Capabilities) {
+        let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{e}"));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
     fn the_probe_validates() {
-        let module = naga::front::wgsl::parse_str(F16_WIDEN).unwrap_or_else(|e| panic!("{e}"));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
+        assert_validates(
+            F16_WIDEN,
             naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32,
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{e}"));
+        );
     }
 }

@@ -76,14 +76,6 @@ mod tests {
 
     #[test]
     fn the_probe_validates() {
-        let module = naga::front::wgsl::parse_str(PROBE).unwrap_or_else(|e| panic!("{e}"));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::SUBGROUP,
-        )
-        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{e}"));
+        crate::gpu::probes::tests::assert_validates(PROBE, naga::valid::Capabilities::SUBGROUP);
     }
 }
