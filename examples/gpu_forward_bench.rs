@@ -120,7 +120,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let c = model.config().clone();
     println!(
         "{} on {} ({:?}): {} layers, hidden {}, ffn {}, vocab {}; {:.1} MB of Q8_0 weights \
-         ({:.3} bytes per weight), head in {} part(s); loaded in {:.1} s",
+         ({:.3} bytes per weight), head in {} part(s); matmul forms: {:?}; loaded in {:.1} s",
         args.model,
         info.name,
         info.backend,
@@ -131,6 +131,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         model.weight_bytes() as f64 / 1e6,
         1.125,
         model.head_parts(),
+        model.matmul_forms(),
         t0.elapsed().as_secs_f64()
     );
     let prefix: Vec<u32> = (0..args.context)

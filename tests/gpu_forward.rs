@@ -13,8 +13,8 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use specdec::models::{
-    argmax, models_dir, GpuModel, GpuModelOptions, GpuSequence, HostModel, Model, ModelKernel,
-    Weights, MAX_ROWS, SMOLLM2_FILE,
+    argmax, matmul_forms_agree, models_dir, GpuModel, GpuModelOptions, GpuSequence, HostModel,
+    MatmulForm, MatmulFormCheck, Model, ModelKernel, Weights, MAX_ROWS, SMOLLM2_FILE,
 };
 
 /// Largest |GPU − CPU| allowed on any logit of the prompt. The two are different
@@ -665,6 +665,45 @@ fn bad_input_is_refused_and_changes_nothing() {
     };
     let (device, queue) = self::device().unwrap();
     assert!(GpuModel::upload(host_model(), device, queue, &bad_lanes).is_err());
+}
+
+/// The matmul's two accumulator forms give the same bits on this device (what lets one row use
+/// the one-at-a-time sums and several rows the named registers), and the check can tell forms
+/// apart: two lane counts sum in different orders, so they must be reported different (the
+/// negative control). An upload checks the forms wherever it compiled both.
+#[test]
+fn the_matmul_forms_agree_and_the_check_tells_orders_apart() {
+    let Some((device, queue)) = device() else {
+        return;
+    };
+    let form = |lanes, unrolled| MatmulForm { lanes, unrolled };
+    for lanes in [4, 16, 32] {
+        assert!(
+            matmul_forms_agree(device, queue, form(lanes, false), form(lanes, true)).unwrap(),
+            "{lanes} lanes: the two accumulator forms differ on this device"
+        );
+    }
+    assert!(
+        !matmul_forms_agree(device, queue, form(16, false), form(32, false)).unwrap(),
+        "16 and 32 lanes sum in different orders: the check must see it"
+    );
+    assert!(matmul_forms_agree(device, queue, form(3, false), form(3, true)).is_err());
+    // One form for every row count: nothing to compare. Both forms (a GPU's default): the
+    // upload compared them, and whatever it found, rows scored together equal rows scored
+    // alone (`rows_scored_together_equal_rows_scored_alone`).
+    let cpu = device.adapter_info().device_type == wgpu::DeviceType::Cpu;
+    let model = gpu_model().unwrap();
+    if cpu {
+        assert_eq!(model.matmul_forms(), MatmulFormCheck::OneForm);
+    } else {
+        assert_ne!(model.matmul_forms(), MatmulFormCheck::OneForm);
+    }
+    let one_form = GpuModelOptions {
+        matmul_unrolled: Some(true),
+        ..Default::default()
+    };
+    let m = GpuModel::upload(host_model(), device, queue, &one_form).unwrap();
+    assert_eq!(m.matmul_forms(), MatmulFormCheck::OneForm);
 }
 
 /// Qwen2.5-Coder-0.5B (Q4_K_M / Q5_0 / Q6_K file, qwen2 tensor names with biases): the GPU

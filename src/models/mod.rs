@@ -48,9 +48,10 @@ pub use draft_tree::DraftTreeProposer;
 pub use error::ModelError;
 pub use generate::{argmax, generate, sample, GenerateOptions, Generation};
 pub use gpu::{
-    ForwardProfile, GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits, GpuModel, GpuModelError,
-    GpuModelOptions, GpuProposer, GpuSequence, HostModel, ModelKernel, Q8Matrix, MAX_ROWS,
-    MAX_TREE_DEPTH, MODEL_COMMON, PLAIN_WINDOW, Q8_BLOCK,
+    matmul_forms_agree, ForwardProfile, GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuLogits,
+    GpuModel, GpuModelError, GpuModelOptions, GpuProposer, GpuSequence, HostModel, MatmulForm,
+    MatmulFormCheck, ModelKernel, Q8Matrix, MAX_ROWS, MAX_TREE_DEPTH, MODEL_COMMON, PLAIN_WINDOW,
+    Q8_BLOCK,
 };
 pub use model::Model;
 pub use speculative::GreedyDraft;

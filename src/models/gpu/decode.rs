@@ -1108,7 +1108,7 @@ impl<'v> GpuDecoder<'v> {
 
     /// Waits for window `w` and returns its tokens, its verifier calls ended.
     fn read_window(&self, w: Window) -> Result<Vec<u32>, GpuModelError> {
-        let bytes = finish_read(self.target.model(), w.read)?;
+        let bytes = finish_read(self.target.model().device(), w.read)?;
         for p in w.pendings {
             self.verifier.release(p);
         }
@@ -1169,7 +1169,7 @@ impl<'v> GpuDecoder<'v> {
             self.queue().submit([enc.finish()]);
             pendings.push(pending);
         }
-        let read = start_read(&model, &ids, 4 * n as u64)?;
+        let read = start_read(model.device(), model.queue(), &ids, 4 * n as u64)?;
         Ok(Window {
             ids,
             count: n,

@@ -173,10 +173,16 @@ impl Pipe {
 /// Invocations of a matmul workgroup: `LANES` lanes × `256 / LANES` output rows.
 pub(crate) const MATMUL_WG: u32 = 256;
 
-/// A compiled form of the matmul: lanes per output row and how the per-row sums are kept.
+/// A compiled form of the matmul kernel: lanes per output row and how the per-row sums are
+/// kept (see [`super::GpuModelOptions::matmul_lanes`] and
+/// [`super::GpuModelOptions::matmul_unrolled`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct MatmulForm {
+pub struct MatmulForm {
+    /// Lanes that share one output row: a power of two from 1 to 32. It sets the summation
+    /// order, so two lane counts give different bits.
     pub lanes: u32,
+    /// Sums in 16 named registers inside the block loop (each weight block read once for all
+    /// rows), or one input row at a time. The two add the same terms in the same order.
     pub unrolled: bool,
 }
 
@@ -210,7 +216,8 @@ impl MatmulPolicy {
     /// flight: 10 % faster at one row on the H200), in named registers for several (each weight
     /// block read once). The two forms add the same terms in the same order, and the choice
     /// between them depends on the row count alone, so a row's bits do not depend on the others
-    /// (checked by `examples/gpu_forward_bench` before it times, and by tests/gpu_forward.rs).
+    /// while the driver compiles both alike, which every upload checks (`form_check.rs`; also
+    /// `examples/gpu_forward_bench` before it times, and tests/gpu_forward.rs).
     /// The lane count sets the summation order, so it depends on the width alone.
     pub(crate) fn form(&self, cols: usize, rows: usize) -> MatmulForm {
         let lanes = self.lanes.unwrap_or(match (self.cpu, cols / 32 <= 64) {
@@ -223,7 +230,7 @@ impl MatmulPolicy {
     }
 
     /// Every form [`MatmulPolicy::form`] can return.
-    fn forms(&self) -> Vec<MatmulForm> {
+    pub(crate) fn forms(&self) -> Vec<MatmulForm> {
         let lanes: Vec<u32> = match (self.lanes, self.cpu) {
             (Some(l), _) => vec![l],
             (None, true) => vec![4],
@@ -260,6 +267,17 @@ impl Pipelines {
     /// Compiles every kernel, the matmul in every form `policy` can choose, attention for heads
     /// of `head_dim`; call inside an error scope.
     pub(crate) fn new(device: &wgpu::Device, policy: MatmulPolicy, head_dim: usize) -> Pipelines {
+        Self::with_forms(device, policy, head_dim, &policy.forms())
+    }
+
+    /// As [`Pipelines::new`], with the matmul in `forms` only (`policy` is kept for the calls'
+    /// choice and must choose among them).
+    pub(crate) fn with_forms(
+        device: &wgpu::Device,
+        policy: MatmulPolicy,
+        head_dim: usize,
+        forms: &[MatmulForm],
+    ) -> Pipelines {
         let mut layouts = Vec::new();
         let mut modules = Vec::new();
         for kernel in ModelKernel::ALL {
@@ -290,7 +308,7 @@ impl Pipelines {
         let mut keys: Vec<(Pipe, Option<MatmulForm>)> = Vec::new();
         for pipe in Pipe::ALL {
             if pipe.kernel() == ModelKernel::MatmulQ8 {
-                keys.extend(policy.forms().into_iter().map(|f| (pipe, Some(f))));
+                keys.extend(forms.iter().map(|&f| (pipe, Some(f))));
             } else {
                 keys.push((pipe, None));
             }

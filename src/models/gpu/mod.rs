@@ -36,13 +36,15 @@
 //!   re-quantization of the file moves candle's logits by 2.87.
 
 mod decode;
+mod form_check;
 mod kernels;
 mod reference;
 mod sequence;
 mod weights;
 
 pub use decode::{GpuDecodeConfig, GpuDecoder, GpuGeneration, GpuProposer, PLAIN_WINDOW};
-pub use kernels::{ModelKernel, MODEL_COMMON};
+pub use form_check::{matmul_forms_agree, MatmulFormCheck};
+pub use kernels::{MatmulForm, ModelKernel, MODEL_COMMON};
 pub use sequence::{ForwardProfile, GpuLogits, GpuSequence, MAX_ROWS, MAX_TREE_DEPTH};
 pub use weights::{GpuModel, GpuModelOptions, HostModel, Q8Matrix, Q8_BLOCK};
 

@@ -1010,7 +1010,7 @@ impl GpuSequence {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let raw = read_back(&self.model, l.buffer, bytes)?;
+        let raw = read_back(&self.model.device, &self.model.queue, l.buffer, bytes)?;
         Ok(bytemuck::cast_slice::<u8, f32>(&raw).to_vec())
     }
 
@@ -1073,7 +1073,7 @@ impl GpuSequence {
             })??;
             enc.resolve_query_set(&set, 0..queries, &resolved, 0);
             m.queue.submit([enc.finish()]);
-            let raw = read_back(&m, &resolved, u64::from(queries) * 8)?;
+            let raw = read_back(&m.device, &m.queue, &resolved, u64::from(queries) * 8)?;
             Ok((pipes, bytemuck::cast_slice::<u8, u64>(&raw).to_vec()))
         };
         let (pipes, ticks) = run(true)?;
@@ -1106,9 +1106,15 @@ pub struct ForwardProfile {
 }
 
 /// Copies `bytes` of `src` (a `COPY_SRC` buffer) to the host, blocking until the copy is done.
-fn read_back(m: &GpuModel, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuModelError> {
-    let pending = start_read(m, src, bytes)?;
-    finish_read(m, pending)
+/// Copies `bytes` of `src` (a `COPY_SRC` buffer) to the host, after everything submitted before.
+pub(super) fn read_back(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    src: &wgpu::Buffer,
+    bytes: u64,
+) -> Result<Vec<u8>, GpuModelError> {
+    let pending = start_read(device, queue, src, bytes)?;
+    finish_read(device, pending)
 }
 
 /// A copy to a mappable buffer, submitted after everything submitted before it.
@@ -1120,24 +1126,23 @@ pub(super) struct PendingRead {
 /// Submits a copy of `bytes` of `src` (a `COPY_SRC` buffer) into a mappable buffer; later
 /// submissions may run while [`finish_read`] waits for this one alone.
 pub(super) fn start_read(
-    m: &GpuModel,
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
     src: &wgpu::Buffer,
     bytes: u64,
 ) -> Result<PendingRead, GpuModelError> {
-    let (staging, submission) = crate::gpu::scoped(&m.device, || {
-        let staging = m.device.create_buffer(&wgpu::BufferDescriptor {
+    let (staging, submission) = crate::gpu::scoped(device, || {
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("specdec.model readback"),
             size: bytes,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = m
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("specdec.model readback"),
-            });
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("specdec.model readback"),
+        });
         encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
-        let submission = m.queue.submit([encoder.finish()]);
+        let submission = queue.submit([encoder.finish()]);
         (staging, submission)
     })?;
     Ok(PendingRead {
@@ -1147,7 +1152,10 @@ pub(super) fn start_read(
 }
 
 /// Waits for the copy of `pending` (not for what was submitted after it) and returns its bytes.
-pub(super) fn finish_read(m: &GpuModel, pending: PendingRead) -> Result<Vec<u8>, GpuModelError> {
+pub(super) fn finish_read(
+    device: &wgpu::Device,
+    pending: PendingRead,
+) -> Result<Vec<u8>, GpuModelError> {
     let gpu_err = |detail: String| GpuModelError::Gpu(crate::Error::Gpu { detail });
     let PendingRead {
         staging,
@@ -1158,7 +1166,7 @@ pub(super) fn finish_read(m: &GpuModel, pending: PendingRead) -> Result<Vec<u8>,
     staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
         *flag_c.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
     });
-    m.device
+    device
         .poll(wgpu::PollType::Wait {
             submission_index: Some(submission),
             timeout: None,
@@ -1169,7 +1177,7 @@ pub(super) fn finish_read(m: &GpuModel, pending: PendingRead) -> Result<Vec<u8>,
             r.map_err(|e| gpu_err(e.to_string()))?;
             break;
         }
-        let _ = m.device.poll(wgpu::PollType::Poll);
+        let _ = device.poll(wgpu::PollType::Poll);
         std::thread::yield_now();
     }
     let view = staging

@@ -238,6 +238,8 @@ pub struct GpuModel {
     /// Bound where a kernel's optional input is absent (a matmul without bias).
     pub(crate) dummy: wgpu::Buffer,
     weight_bytes: u64,
+    /// What the upload found about the matmul's two accumulator forms.
+    matmul_forms: super::MatmulFormCheck,
 }
 
 impl HostModel {
@@ -472,9 +474,19 @@ impl GpuModel {
                 rope_table: floats("rope table", &rope),
                 dummy: floats("dummy", &[0.0; 4]),
                 weight_bytes,
+                matmul_forms: super::MatmulFormCheck::OneForm,
             }
         })?;
+        let mut built = built;
+        built.matmul_forms = super::form_check::settle_forms(device, queue, &mut built.pipelines)?;
         Ok(built)
+    }
+
+    /// Whether the device compiled the matmul's two accumulator forms alike (checked at upload;
+    /// see [`super::MatmulFormCheck`]): where they differ, every call takes the one-at-a-time
+    /// form, so a row's logits never depend on how many rows share its call.
+    pub fn matmul_forms(&self) -> super::MatmulFormCheck {
+        self.matmul_forms
     }
 
     /// The hyper-parameters.
