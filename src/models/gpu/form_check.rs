@@ -12,7 +12,9 @@
 
 use wgpu::util::DeviceExt;
 
-use super::kernels::{MatmulForm, MatmulPolicy, ModelKernel, ModelParams, Pipe, Pipelines};
+use super::kernels::{
+    params_entry, MatmulForm, MatmulPolicy, ModelKernel, ModelParams, Pipe, Pipelines,
+};
 use super::sequence::read_back;
 use super::GpuModelError;
 
@@ -172,14 +174,7 @@ impl Inputs {
                 contents: bytemuck::cast_slice(&self.y0),
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
             });
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &self.params,
-                    offset: 0,
-                    size: std::num::NonZeroU64::new(std::mem::size_of::<ModelParams>() as u64),
-                }),
-            }];
+            let mut entries = vec![params_entry(&self.params)];
             let buffers = [&self.xq, &self.qs, &self.scales, &self.bias, &y, &self.xd];
             for (i, b) in buffers.iter().enumerate() {
                 entries.push(crate::gpu::entry(i as u32 + 1, b));

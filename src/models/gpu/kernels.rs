@@ -170,6 +170,19 @@ impl Pipe {
     }
 }
 
+/// Binding 0 of every model kernel's group: one `ModelParams` of `buffer`, at the dynamic
+/// offset the dispatch gives.
+pub(crate) fn params_entry(buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset: 0,
+            size: std::num::NonZeroU64::new(std::mem::size_of::<ModelParams>() as u64),
+        }),
+    }
+}
+
 /// Invocations of a matmul workgroup: `LANES` lanes × `256 / LANES` output rows.
 pub(crate) const MATMUL_WG: u32 = 256;
 

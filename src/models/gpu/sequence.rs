@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::kernels::{MatmulForm, ModelKernel, ModelParams, Pipe};
+use super::kernels::{params_entry, MatmulForm, ModelKernel, ModelParams, Pipe};
 use super::weights::{GpuBlock, GpuMatrix, GpuModel};
 use super::GpuModelError;
 use crate::models::{ModelError, RopeStyle};
@@ -920,14 +920,7 @@ impl GpuSequence {
         let a = &self.act;
         let mut groups = HashMap::new();
         let mut add = |group: Group, kernel: ModelKernel, buffers: &[&wgpu::Buffer]| {
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &self.params,
-                    offset: 0,
-                    size: std::num::NonZeroU64::new(std::mem::size_of::<ModelParams>() as u64),
-                }),
-            }];
+            let mut entries = vec![params_entry(&self.params)];
             for (i, b) in buffers.iter().enumerate() {
                 entries.push(crate::gpu::entry(i as u32 + 1, b));
             }
