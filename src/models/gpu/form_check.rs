@@ -105,15 +105,9 @@ struct Inputs {
 
 impl Inputs {
     fn new(device: &wgpu::Device) -> Inputs {
-        let mut state = 0x5eed_f0e5_u64;
-        let mut next = move || {
-            // splitmix64: any fixed stream of varied words serves.
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
+        // Any fixed stream of varied words serves: the weights' own splitmix64.
+        let mut rng = super::weights::SplitMix(0x5eed_f0e5);
+        let mut next = move || rng.next();
         let blocks = CHECK_COLS / 32;
         let mut words = |n: u32| (0..n).map(|_| next() as u32).collect::<Vec<u32>>();
         let xq = words(CHECK_ROWS * CHECK_COLS / 4);
