@@ -386,7 +386,12 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         }
         let words = random_words(info, pos, stream, g / 4u);
         let floor_r = from_order_key(atomicLoad(&bound_r));
-        let floor_p = from_order_key(atomicLoad(&bound_p));
+        // Log-domain keys test p against r's bound (race_step): p's bound is needed only by
+        // publish_winner, so those races publish it once, after the loop.
+        var floor_p = floor_r;
+        if (!LOG_KEYS) {
+            floor_p = from_order_key(atomicLoad(&bound_p));
+        }
         // Quads that cannot pass race_step's test are skipped whole (log_quad_may): where a
         // lane has a few quads, its first ones meet a low bound and pass anyway, so the test
         // runs from 4 quads per lane (residual pass 0.83x at R = 128 on an H200, 1.02-1.03x
@@ -401,9 +406,12 @@ fn block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         if (best.r_key > floor_r) {
             atomicMax(&bound_r, order_key(best.r_key));
         }
-        if (best.p_key > floor_p) {
+        if (!LOG_KEYS && best.p_key > floor_p) {
             atomicMax(&bound_p, order_key(best.p_key));
         }
+    }
+    if (LOG_KEYS) {
+        atomicMax(&bound_p, order_key(best.p_key));
     }
     let slot = candidate_row(r, task.local_row) * params.num_blocks + block_id;
     publish_winner(best, lane, select(NO_INDEX, slot, in_window));
