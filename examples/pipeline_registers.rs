@@ -128,7 +128,7 @@ type Binding = (u32, u32, bool);
 /// The SPIR-V of one probe and its buffer bindings (group, binding, uniform?). The options are
 /// wgpu-hal's for a Vulkan 1.3 device with robust buffer access: index clamps, no buffer
 /// checks, no workgroup zeroing (the verifier's pipelines ask for none), loop bounding where
-/// `gpu::pipelines::default_checks` keeps it.
+/// [`Kernel::loop_bounding_by_default`] keeps it, as the verifier's default checks do.
 fn spirv(p: &Probe, variant: Variant) -> Result<(Vec<u32>, Vec<Binding>), String> {
     let src = p.kernel.source_with(variant, p.lane_runs);
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
@@ -172,7 +172,7 @@ fn spirv(p: &Probe, variant: Variant) -> Result<(Vec<u32>, Vec<Binding>), String
             binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
         },
         zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
-        force_loop_bounding: !matches!(p.kernel, Kernel::RowStats | Kernel::ResidualArgmax),
+        force_loop_bounding: p.kernel.loop_bounding_by_default(),
         ..Default::default()
     };
     let pipeline = naga::back::spv::PipelineOptions {

@@ -230,6 +230,15 @@ impl Kernel {
         )
     }
 
+    /// Whether the kernel keeps wgpu's loop-bounding counter when the options name no runtime
+    /// checks. Every loop here runs to a bound the host validates, so the counter only costs
+    /// time; it is dropped where an H200 measured that cost (residual_argmax 10-20 %, row_stats
+    /// 1-3 %) and kept where dropping it made the kernel slower (verify: +2-6 µs, its merge
+    /// loop compiled differently). Same-process A/B in `docs/performance.md`.
+    pub fn loop_bounding_by_default(self) -> bool {
+        !matches!(self, Kernel::RowStats | Kernel::ResidualArgmax)
+    }
+
     /// True for the verification kernels: they read the window's `Params` (binding 0, or
     /// immediate data in a [`Variant`] with `immediates`).
     pub fn takes_params(self) -> bool {

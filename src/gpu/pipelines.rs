@@ -156,14 +156,11 @@ impl GpuBackend {
 }
 
 /// The runtime checks of `kernel` when the options name none: naga's index clamps always; wgpu's
-/// loop-bounding counter (a guard against infinite loops, which no kernel here has: every loop
-/// runs to a bound the host validates) dropped where an H200 measured it costing time
-/// (residual_argmax 10-20 %, row_stats 1-3 %) and kept where dropping it made the kernel slower
-/// (verify: +2-6 µs; the driver compiles its merge loop differently). Same-process A/B in
-/// `docs/performance.md`.
+/// loop-bounding counter (a guard against infinite loops, which no kernel here has) where
+/// [`Kernel::loop_bounding_by_default`] keeps it.
 pub(super) fn default_checks(kernel: Kernel) -> wgpu::ShaderRuntimeChecks {
     wgpu::ShaderRuntimeChecks {
-        force_loop_bounding: !matches!(kernel, Kernel::RowStats | Kernel::ResidualArgmax),
+        force_loop_bounding: kernel.loop_bounding_by_default(),
         ..wgpu::ShaderRuntimeChecks::checked()
     }
 }
