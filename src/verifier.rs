@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 pub struct VerifierOptions {
     /// How many workgroups a pass over the logits aims for (default 8192): enough to fill a large
     /// GPU at small batches, few enough to keep each one busy at large batches. All-greedy
-    /// batches of 4,096 chunks or more on the wide reduction (`wide_greedy_chunks`) take at
-    /// least three chunks per workgroup whatever it says (faster on an H200). Tuning only: the
-    /// results never depend on it.
+    /// batches of 4,096 chunks or more on the wide reduction (`wide_greedy_chunks`) aim for
+    /// half as many workgroups, of at least three chunks each (faster on an H200). Tuning only:
+    /// the results never depend on it.
     pub target_workgroups: u32,
     /// One-hot batches (no draft values) whose sampled requests' draft rows hold at most this
     /// many vocabulary entries in all (0 turns it off) race every row while the statistics pass
@@ -47,6 +47,17 @@ pub struct VerifierOptions {
     /// that settle in the statistics pass (`fused_greedy`) take the wide reduction at any size
     /// while this is not 0. Tuning only: the tokens never depend on it.
     pub wide_greedy_chunks: Option<u32>,
+    /// All-greedy batches of f32 rows settled in the statistics pass (`fused_greedy`) on
+    /// workgroups of one chunk each (below 4,096 chunks at the default `target_workgroups`)
+    /// with at least this many chunks (0 turns it off) reduce each chunk over half the
+    /// device's workgroup size (128 lanes of 256): twice as many of those workgroups fit on
+    /// the GPU at once, so a batch that would take more than one wave of full-width workgroups
+    /// takes fewer. `None` (the default) is 1,024 on adapters wgpu reports as discrete GPUs,
+    /// where an H200 held about 1,056 full-width workgroups at once and its greedy GPU time
+    /// took 0.87-0.94x from 1,280 to 2,736 chunks, 0.97-1.00x from 320 to 608 and 1.02-1.10x
+    /// at R = 1 with 76-342 chunks (`docs/performance.md`), and off elsewhere (not measured).
+    /// Needs a workgroup size of 256 or more. Tuning only: the tokens never depend on it.
+    pub narrow_greedy_chunks: Option<u32>,
     /// All-greedy chain batches (not trees) with at most 64 rows a request (f32 rows, or halves
     /// below the half path's size) are decided inside the statistics pass while
     /// `wide_greedy_chunks` is not 0, whatever their size: they take the wide reduction, and the
@@ -149,6 +160,7 @@ impl Default for VerifierOptions {
             target_workgroups: 8192,
             early_race_entries: None,
             wide_greedy_chunks: None,
+            narrow_greedy_chunks: None,
             fused_greedy: true,
             fused_verify_chunks: None,
             workgroup_size: None,
@@ -203,6 +215,11 @@ const EARLY_RACE_ENTRIES: u64 = 1_250_000;
 /// lane arrays there) and lost from 2,048 (1.00-1.11x; `docs/performance.md`).
 const FUSED_VERIFY_CHUNKS: u32 = 1536;
 
+/// `VerifierOptions::narrow_greedy_chunks` on a discrete GPU when the options leave it `None`:
+/// about one wave of full-width workgroups on an H200, from which the narrow settle gained
+/// (0.87-0.94x from 1,280 chunks; `docs/performance.md`).
+const NARROW_GREEDY_CHUNKS: u32 = 1024;
+
 /// `VerifierOptions::spin_wait` on a discrete GPU when the options leave it `None`: longer than
 /// the whole calls measured on an H200 up to 128 requests of 4 drafts (60-350 µs,
 /// `benches/results/nvidia-h200-vulkan-spin-wait.csv`).
@@ -211,7 +228,8 @@ const SPIN_WAIT: Duration = Duration::from_millis(1);
 impl VerifierOptions {
     /// These options with the tuning of discrete GPUs filled in wherever they leave it `None`:
     /// `early_race_entries` 1,250,000, `wide_greedy_chunks` `target_workgroups / 8` (1,024),
-    /// `fused_verify_chunks` 1,536 and `spin_wait` 1 ms; fields already set are kept.
+    /// `narrow_greedy_chunks` 1,024, `fused_verify_chunks` 1,536 and `spin_wait` 1 ms; fields
+    /// already set are kept.
     ///
     /// A GPU verifier applies this by itself on adapters wgpu reports as discrete GPUs, and
     /// leaves those options off elsewhere. Calling it applies the same tuning on any adapter: an
@@ -236,6 +254,8 @@ impl VerifierOptions {
         self.early_race_entries.get_or_insert(EARLY_RACE_ENTRIES);
         self.wide_greedy_chunks
             .get_or_insert(self.target_workgroups / 8);
+        self.narrow_greedy_chunks
+            .get_or_insert(NARROW_GREEDY_CHUNKS);
         self.fused_verify_chunks.get_or_insert(FUSED_VERIFY_CHUNKS);
         self.spin_wait.get_or_insert(SPIN_WAIT);
         self
@@ -360,7 +380,8 @@ impl Verifier {
     /// A verifier with other tuning on this one's device and compiled kernels, without
     /// building them again (seconds per verifier on a software adapter): `opts` may change
     /// what never changes results (`target_workgroups`, `early_race_entries`,
-    /// `wide_greedy_chunks`, `fused_greedy`, `fused_verify_chunks`, `max_binding_bytes`,
+    /// `wide_greedy_chunks`, `narrow_greedy_chunks`, `fused_greedy`, `fused_verify_chunks`,
+    /// `max_binding_bytes`,
     /// `timeout`, `spin_wait`, `seed_source`, `cpu_threads`; `pipelines`: `Eager` builds the
     /// pipelines the device's kernels have not built yet), but not the kernels themselves:
     /// `workgroup_size`, `shader_int64`, `subgroups`, `immediates`, `f16_unpack` and
@@ -764,6 +785,13 @@ impl Verifier {
     #[doc(hidden)]
     pub fn fused_verify_calls(&self) -> u64 {
         self.gpu_count(|g| &g.verified_in_stats)
+    }
+
+    /// Test hook: calls whose all-greedy batch was settled inside row_stats over half the
+    /// workgroup size (`VerifierOptions::narrow_greedy_chunks`; 0 on the CPU backend).
+    #[doc(hidden)]
+    pub fn narrow_greedy_calls(&self) -> u64 {
+        self.gpu_count(|g| &g.narrow_settles)
     }
 
     /// Test hook: calls whose half-precision target rows row_stats read as half words, a lane

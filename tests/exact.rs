@@ -618,7 +618,8 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
     // NaN, a +inf or nothing but -inf (statuses), logprobs asked by some requests, and
     // several windows (a request's workgroups in two dispatches). Both settings must give the
     // twin's outputs, and the fused one must have taken the path (a batch with a request of
-    // 64 rows or more falls back to verify).
+    // 64 rows or more falls back to verify), over the full workgroup size and, with
+    // `narrow_greedy_chunks`, over half of it.
     let Some(_) = gpu() else { return };
     const V: u32 = 9000;
     let v = V as usize;
@@ -642,27 +643,33 @@ fn greedy_batches_settled_in_row_stats_match_verify_and_the_twin() {
     special.requests[4].params = special.requests[4].params.with_logprobs(false);
     batches.push(special);
     let long = Owned::random(&mut gen, V, &[2, 70], &[0.0], 0, 0.9);
-    for fused in [true, false] {
+    for (fused, narrow) in [(true, false), (true, true), (false, true)] {
         for windows in [false, true] {
             let v = gpu_tuned(specdec::VerifierOptions {
                 fused_greedy: fused,
                 wide_greedy_chunks: Some(1 << 20),
+                narrow_greedy_chunks: Some(u32::from(narrow)),
                 max_binding_bytes: windows.then_some(3 * u64::from(V) * 4 + 256),
                 ..specdec::VerifierOptions::default()
             });
             for (i, b) in batches.iter().enumerate() {
                 let want = cpu().verify_blocking(&b.batch()).unwrap();
-                let before = v.fused_greedy_calls();
+                let (before, narrow_before) = (v.fused_greedy_calls(), v.narrow_greedy_calls());
                 let got = v.verify_blocking(&b.batch()).unwrap();
                 assert_eq!(
                     v.fused_greedy_calls() - before,
                     u64::from(fused),
                     "fused {fused}, windows {windows}, batch {i}"
                 );
+                assert_eq!(
+                    v.narrow_greedy_calls() - narrow_before,
+                    u64::from(fused && narrow),
+                    "fused {fused}, narrow {narrow}, windows {windows}, batch {i}"
+                );
                 assert_matches_twin(
                     &got,
                     &want,
-                    format_args!("fused {fused}, windows {windows}, batch {i}"),
+                    format_args!("fused {fused}, narrow {narrow}, windows {windows}, batch {i}"),
                 );
             }
             let before = v.fused_greedy_calls();
@@ -860,16 +867,13 @@ fn greedy_rows_of_many_partials_per_lane_match_the_twin() {
 #[test]
 fn greedy_batches_of_many_chunks_over_wide_workgroups_match_the_twin() {
     // From 4,096 chunks the wide greedy reduction gives each row_stats workgroup at least three
-    // chunks (fewer, longer workgroups than `target_workgroups` asks for), with a shorter last
-    // block where a row's chunks do not divide by three: 104 requests of 5 rows of V = 32,000
-    // (8 chunks, the last ragged) are 4,160 chunks, three workgroups a row of 3, 3 and 2
-    // chunks. A chunk left out or reduced twice changes a token, and a workgroup miscounted
-    // leaves a request unsettled (its tokens then differ from the twin's).
+    // chunks and aims for half of `target_workgroups` (fewer, longer workgroups than it asks
+    // for), with a shorter last block where a row's chunks do not divide evenly: 104 requests
+    // of 5 rows of V = 32,000 (8 chunks, the last ragged) are 4,160 chunks, three workgroups a
+    // row of 3, 3 and 2 chunks with the default target, two of 5 and 3 with a target of 2,048.
+    // A chunk left out or reduced twice changes a token, and a workgroup miscounted leaves a
+    // request unsettled (its tokens then differ from the twin's).
     let Some(_) = gpu() else { return };
-    let wide = gpu_tuned(specdec::VerifierOptions {
-        wide_greedy_chunks: Some(512),
-        ..Default::default()
-    });
     let mut gen = Gen::new(47);
     let b = Owned::random(&mut gen, 32_000, &[4; 104], &[0.0], 0, 0.7);
     let want = cpu().verify_blocking(&b.batch()).unwrap();
@@ -877,8 +881,19 @@ fn greedy_batches_of_many_chunks_over_wide_workgroups_match_the_twin() {
         want.num_emitted.iter().any(|&n| n > 1) && want.num_emitted.contains(&1),
         "some requests accept drafts and some reject the first"
     );
-    let got = wide.verify_blocking(&b.batch()).unwrap();
-    assert_matches_twin(&got, &want, "wide greedy reduction, 4,160 chunks");
+    for target_workgroups in [8192, 2048] {
+        let wide = gpu_tuned(specdec::VerifierOptions {
+            wide_greedy_chunks: Some(512),
+            target_workgroups,
+            ..Default::default()
+        });
+        let got = wide.verify_blocking(&b.batch()).unwrap();
+        assert_matches_twin(
+            &got,
+            &want,
+            format_args!("wide greedy reduction, 4,160 chunks, target {target_workgroups}"),
+        );
+    }
 }
 
 #[test]

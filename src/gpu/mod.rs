@@ -149,6 +149,8 @@ pub(crate) struct GpuBackend {
     early_race_entries: u64,
     /// `VerifierOptions::wide_greedy_chunks`, its default resolved for this adapter.
     wide_greedy_chunks: u32,
+    /// `VerifierOptions::narrow_greedy_chunks`, its default resolved for this adapter.
+    narrow_greedy_chunks: u32,
     /// `VerifierOptions::fused_greedy`.
     fused_greedy: bool,
     /// `VerifierOptions::fused_verify_chunks`, its default resolved for this adapter (0 where
@@ -173,6 +175,8 @@ pub(crate) struct GpuBackend {
     /// Calls recorded with half target rows read as half words (`SPECIAL_HALF_WORDS`), for the
     /// tests that must exercise that path.
     pub half_words_in_stats: std::sync::atomic::AtomicU64,
+    /// Calls recorded with the narrow settle (`Shape::narrow_settle`), for its tests.
+    pub narrow_settles: std::sync::atomic::AtomicU64,
 }
 
 impl GpuBackend {
@@ -293,6 +297,7 @@ impl GpuBackend {
             target_workgroups: opts.target_workgroups,
             early_race_entries: tuning.early_race_entries,
             wide_greedy_chunks: tuning.wide_greedy_chunks,
+            narrow_greedy_chunks: tuning.narrow_greedy_chunks,
             fused_greedy: opts.fused_greedy,
             fused_verify_chunks: tuning.fused_verify_chunks,
             max_binding,
@@ -304,6 +309,7 @@ impl GpuBackend {
             verified_in_stats: std::sync::atomic::AtomicU64::new(0),
             settled_in_stats: std::sync::atomic::AtomicU64::new(0),
             half_words_in_stats: std::sync::atomic::AtomicU64::new(0),
+            narrow_settles: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -346,6 +352,9 @@ impl GpuBackend {
                 // the one that brings its count to the request's total).
                 let counts = (shape.out_words + shape.settle_words(plan) - shape.n) as u64 * 4;
                 encoder.clear_buffer(ws.out.get(), counts, Some(shape.n as u64 * 4));
+            }
+            if shape.narrow_settle {
+                self.narrow_settles.fetch_add(1, Ordering::Relaxed);
             }
             if shape.special & pipelines::SPECIAL_HALF_WORDS != 0 {
                 self.half_words_in_stats.fetch_add(1, Ordering::Relaxed);
@@ -470,6 +479,7 @@ fn max_binding(limits: &wgpu::Limits, opts: &crate::VerifierOptions) -> u64 {
 struct Tuning {
     early_race_entries: u64,
     wide_greedy_chunks: u32,
+    narrow_greedy_chunks: u32,
     fused_verify_chunks: u32,
     spin_wait: Duration,
 }
@@ -493,6 +503,7 @@ impl Tuning {
         Tuning {
             early_race_entries: tuned.early_race_entries.unwrap_or(0),
             wide_greedy_chunks: tuned.wide_greedy_chunks.unwrap_or(0),
+            narrow_greedy_chunks: tuned.narrow_greedy_chunks.unwrap_or(0),
             fused_verify_chunks: if has_fused_verify {
                 tuned.fused_verify_chunks.unwrap_or(0)
             } else {

@@ -57,6 +57,12 @@ pub(super) const SPECIAL_HALF_WORDS: u32 = 1024;
 /// (`Kernel::source_with`).
 pub(super) const SPECIAL_SHARED_RUNS: u32 = 512;
 
+/// row_stats specialisation (with `SPECIAL_MAX_ONLY | SPECIAL_WIDE` and f32 rows, entry
+/// `block_wide_settle` only): the wide reduction over half the device's workgroup size
+/// (`Shape::narrow_settle`). Twice as many of its workgroups fit on the GPU at once, so batches
+/// of one-chunk workgroups that would take more than one wave of full-width ones take fewer.
+pub(super) const SPECIAL_NARROW: u32 = 4096;
+
 /// The specialisations a kernel is built in. row_stats' optional sums are `override` constants,
 /// not runtime flags: a runtime branch kept their registers live and cost 40% of row_stats on
 /// an H200 even when off (measured with `bench`), a pipeline per combination costs nothing.
@@ -65,10 +71,11 @@ fn specials(kernel: Kernel) -> &'static [u32] {
         // Every combination of SPECIAL_RAW and SPECIAL_ENTROPY with none or one of the
         // SPECIAL_PLAIN_* bits; SPECIAL_MAX_ONLY (never with the sums) with each load path,
         // and with SPECIAL_WIDE for f32 or dtype-dispatched rows; the half words (1024) for
-        // half rows without the sums, with and without SPECIAL_MAX_ONLY and SPECIAL_WIDE.
+        // half rows without the sums, with and without SPECIAL_MAX_ONLY and SPECIAL_WIDE; the
+        // narrow settle (4096) for f32 rows.
         Kernel::RowStats => &[
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 32, 36, 40, 48, 288, 292, 1032,
-            1040, 1064, 1072, 1320, 1328,
+            1040, 1064, 1072, 1320, 1328, 4388,
         ],
         // verify merges the same optional sums (raw, entropy) as row_stats leaves: the same
         // specialisation keeps their rescaling out of the chunk merge when they are off.
@@ -357,11 +364,12 @@ impl Job {
 
 /// Whether `entry` is built in `special`: row_stats' `block_wide` and
 /// `block_wide_settle(_blocks)` are the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow
-/// `block_wide` would never be dispatched); cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
+/// `block_wide` would never be dispatched), and `SPECIAL_NARROW` only `block_wide_settle`; cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
 /// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised); residual_argmax's
 /// half rows only for its race (`record_residual_merge` leaves those bits out).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
     match kernel {
+        Kernel::RowStats if special & SPECIAL_NARROW != 0 => entry == "block_wide_settle",
         Kernel::RowStats => entry.starts_with("block_wide") == (special & SPECIAL_WIDE != 0),
         Kernel::Cutoff => special & SPECIAL_PLAIN_F32 == 0 || entry.starts_with("scan"),
         Kernel::ResidualArgmax => {
@@ -380,6 +388,12 @@ fn override_constants(
     special: u32,
     variant: crate::shaders::Variant,
 ) -> Vec<(&'static str, f64)> {
+    // The narrow settle runs row_stats' wide reduction over half the device's workgroup size.
+    let wg = if kernel == Kernel::RowStats && special & SPECIAL_NARROW != 0 {
+        wg / 2
+    } else {
+        wg
+    };
     let mut constants = vec![
         ("WG", f64::from(wg)),
         ("SG_LANES", f64::from(variant.sg_lanes())),

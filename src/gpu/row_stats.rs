@@ -120,6 +120,17 @@ impl GpuBackend {
         }
     }
 
+    /// The fewest chunks of an all-greedy batch settled in row_stats on one-chunk workgroups
+    /// that takes the narrow settle (`VerifierOptions::narrow_greedy_chunks`; 0: never, as
+    /// where half the device's workgroup size is no wider than the contract's 64 lanes).
+    pub(super) fn narrow_min_chunks(&self) -> u64 {
+        match self.narrow_greedy_chunks {
+            0 => 0,
+            _ if self.kernels.wg / 2 <= CHUNK_LANES as u32 => 0,
+            n => u64::from(n),
+        }
+    }
+
     /// Chunks per row_stats workgroup for `rows` rows of `vocab`: about `target_workgroups`
     /// workgroups in all. Tuning only: the statistics never depend on it.
     pub fn block_chunks(&self, vocab: u32, rows: usize) -> u32 {
@@ -196,6 +207,8 @@ impl GpuBackend {
         };
         let special = if shape.shared_runs {
             shape.special | super::pipelines::SPECIAL_SHARED_RUNS
+        } else if shape.narrow_settle && entry == "block_wide_settle" {
+            shape.special | super::pipelines::SPECIAL_NARROW
         } else {
             shape.special
         };

@@ -6,7 +6,7 @@
 use super::cutoff::CutShape;
 use super::pipelines::{
     SPECIAL_ENTROPY, SPECIAL_HALF_WORDS, SPECIAL_MAX_ONLY, SPECIAL_PLAIN_BF16, SPECIAL_PLAIN_F16,
-    SPECIAL_RAW, SPECIAL_WIDE,
+    SPECIAL_PLAIN_F32, SPECIAL_RAW, SPECIAL_WIDE,
 };
 use super::windows::{plan_windows, Window};
 use super::{row_stats, GpuBackend, GpuRows};
@@ -28,11 +28,13 @@ const WIDE_VERIFY_PARTIALS: u64 = 128;
 const SHARED_RUNS_FROM_CHUNKS: u64 = 1024;
 
 /// Chunks of a batch on the wide greedy reduction (`SPECIAL_WIDE`) from which each row_stats
-/// workgroup takes at least `WIDE_MIN_BLOCK_CHUNKS` chunks. On an H200, fewer, longer
-/// workgroups than `target_workgroups` gives took greedy GPU time to 0.92-0.96x at 5,120-10,944
-/// chunks with three chunks each (one or two by default), while at 24,320 chunks the default
-/// already gives three and six or twelve were 1.01-1.06x slower, and at 2,736 chunks or fewer
-/// two chunks gained nothing (`docs/performance.md`).
+/// workgroup takes at least `WIDE_MIN_BLOCK_CHUNKS` chunks, and its workgroups aim for half
+/// of `target_workgroups`. On an H200, fewer, longer workgroups than `target_workgroups` gives
+/// took greedy GPU time to 0.92-0.96x at 5,120-10,944 chunks with three chunks each (one or
+/// two by default), and at 2,736 chunks or fewer two chunks gained nothing. Once a block's
+/// chunks were folded once (`block_wide_settle_blocks`), six chunks instead of three took
+/// 24,320 chunks (R = 128, k = 4, V = 151,936) to 0.95x and eleven instead of six 43,776 to
+/// 0.995x (`docs/performance.md`).
 const WIDE_LONG_BLOCKS_FROM_CHUNKS: u64 = 4096;
 
 /// The fewest chunks per workgroup of the wide greedy reduction from
@@ -98,6 +100,10 @@ pub(super) struct Shape {
     /// acceptance). No verify dispatch; the block statistics hold the partials as words and a
     /// count per request after them, from word `Shape::partial_words`.
     pub verify_in_stats: bool,
+    /// An all-greedy batch settled in row_stats on one-chunk workgroups (`block_wide_settle`)
+    /// of f32 rows with at least `VerifierOptions::narrow_greedy_chunks` chunks: the
+    /// `SPECIAL_NARROW` pipeline, half the device's workgroup size a chunk.
+    pub narrow_settle: bool,
     /// With `verify_in_stats`, a batch of more than `SHARED_RUNS_FROM_CHUNKS` chunk partials:
     /// row_stats_verify's `SPECIAL_SHARED_RUNS` pipeline keeps verify's row-run folds in
     /// row_stats' lane arrays.
@@ -165,10 +171,18 @@ impl Shape {
         {
             block_chunks = block_chunks.next_multiple_of(2).min(num_chunks);
         }
-        if special & SPECIAL_WIDE != 0
-            && plan.total_rows as u64 * u64::from(num_chunks) >= WIDE_LONG_BLOCKS_FROM_CHUNKS
-        {
-            block_chunks = block_chunks.max(WIDE_MIN_BLOCK_CHUNKS).min(num_chunks);
+        let total_chunks = plan.total_rows as u64 * u64::from(num_chunks);
+        if special & SPECIAL_WIDE != 0 && total_chunks >= WIDE_LONG_BLOCKS_FROM_CHUNKS {
+            // Half as many workgroups as `target_workgroups` aims for, and at least
+            // WIDE_MIN_BLOCK_CHUNKS chunks each.
+            let half_target = u64::from(g.target_workgroups / 2).max(1);
+            let long = total_chunks
+                .div_ceil(half_target)
+                .min(u64::from(num_chunks)) as u32;
+            block_chunks = block_chunks
+                .max(WIDE_MIN_BLOCK_CHUNKS)
+                .max(long)
+                .min(num_chunks);
         }
         let cut = CutShape::new(g, plan, &windows, filters);
         let settle_in_stats = settles && special & SPECIAL_WIDE != 0;
@@ -216,6 +230,11 @@ impl Shape {
             tree,
             settle_in_stats,
             verify_in_stats,
+            narrow_settle: settle_in_stats
+                && block_chunks == 1
+                && special & SPECIAL_PLAIN_F32 != 0
+                && g.narrow_min_chunks() > 0
+                && chunks >= g.narrow_min_chunks(),
             shared_runs: verify_in_stats && chunks > SHARED_RUNS_FROM_CHUNKS,
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },

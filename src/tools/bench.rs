@@ -139,6 +139,8 @@ pub struct BenchConfig {
     pub early_race_entries: Option<u64>,
     /// `VerifierOptions::wide_greedy_chunks` of the verifier under test (`None`: its default).
     pub wide_greedy_chunks: Option<u32>,
+    /// `VerifierOptions::narrow_greedy_chunks` of the verifier under test (`None`: its default).
+    pub narrow_greedy_chunks: Option<u32>,
     /// `VerifierOptions::fused_greedy` of the verifier under test.
     pub fused_greedy: bool,
     /// `VerifierOptions::fused_verify_chunks` of the verifier under test (`None`: its default).
@@ -194,6 +196,7 @@ impl BenchConfig {
             target_workgroups: self.target_workgroups,
             early_race_entries: self.early_race_entries,
             wide_greedy_chunks: self.wide_greedy_chunks,
+            narrow_greedy_chunks: self.narrow_greedy_chunks,
             fused_greedy: self.fused_greedy,
             fused_verify_chunks: self.fused_verify_chunks,
             spin_wait: self.spin_wait,
@@ -223,6 +226,7 @@ impl BenchConfig {
             target_workgroups: VerifierOptions::default().target_workgroups,
             early_race_entries: VerifierOptions::default().early_race_entries,
             wide_greedy_chunks: VerifierOptions::default().wide_greedy_chunks,
+            narrow_greedy_chunks: VerifierOptions::default().narrow_greedy_chunks,
             fused_greedy: VerifierOptions::default().fused_greedy,
             fused_verify_chunks: VerifierOptions::default().fused_verify_chunks,
             spin_wait: VerifierOptions::default().spin_wait,
@@ -1954,6 +1958,11 @@ fn option_suffixes(cfg: &BenchConfig, base: &BenchConfig) -> Vec<String> {
             cfg.wide_greedy_chunks,
             base.wide_greedy_chunks,
         ),
+        (
+            "narrow-greedy",
+            cfg.narrow_greedy_chunks,
+            base.narrow_greedy_chunks,
+        ),
     ];
     for (name, value, default) in numbers {
         if let Some(v) = value.filter(|_| value != default) {
@@ -2123,6 +2132,9 @@ Options:
   --wide-greedy N     all-greedy batches of at most N chunks reduce over whole workgroups
                       (VerifierOptions::wide_greedy_chunks; 0 = off; default: 1,024 on discrete
                       GPUs, else off); batches that settle in row_stats do at any size unless 0
+  --narrow-greedy N   all-greedy batches settled in row_stats on one-chunk workgroups, from N
+                      chunks, reduce each chunk over half the workgroup size (VerifierOptions::
+                      narrow_greedy_chunks; 0 = off; default: 1,024 on discrete GPUs, else off)
   --no-fused-greedy   all-greedy batches run verify's dispatch instead of settling in
                       row_stats (VerifierOptions::fused_greedy)
   --fused-verify N    sampled batches of at most N chunks are verified by row_stats' last
@@ -2264,6 +2276,9 @@ fn parse_args(args: &[String]) -> Result<Option<BenchArgs>, String> {
             }
             "--wide-greedy" => {
                 cfg.wide_greedy_chunks = Some(parse_one("--wide-greedy", &value()?)?);
+            }
+            "--narrow-greedy" => {
+                cfg.narrow_greedy_chunks = Some(parse_one("--narrow-greedy", &value()?)?);
             }
             "--out" => out = value()?.into(),
             "--modes" => {
