@@ -363,10 +363,12 @@ impl Job {
 }
 
 /// Whether `entry` is built in `special`: row_stats' `block_wide` and
-/// `block_wide_settle(_blocks)` are the `SPECIAL_WIDE` pipelines' entries, `block` everyone else's (a wide `block` or a narrow
-/// `block_wide` would never be dispatched), and `SPECIAL_NARROW` only `block_wide_settle`; cutoff's `SPECIAL_PLAIN_F32` only for its scans, the entries that read
-/// rows in bulk (`record_cutoff` dispatches `init` and the picks unspecialised); residual_argmax's
-/// half rows only for its race (`record_residual_merge` leaves those bits out).
+/// `block_wide_settle(_blocks)` are the `SPECIAL_WIDE` pipelines' entries, `block` everyone
+/// else's (a wide `block` or a narrow `block_wide` would never be dispatched), and
+/// `SPECIAL_NARROW` only `block_wide_settle`; cutoff's `SPECIAL_PLAIN_F32` only for its scans,
+/// the entries that read rows in bulk (`record_cutoff` dispatches `init` and the picks
+/// unspecialised); residual_argmax's half rows only for its race (`record_residual_merge`
+/// leaves those bits out).
 fn built(kernel: Kernel, entry: &str, special: u32) -> bool {
     match kernel {
         Kernel::RowStats if special & SPECIAL_NARROW != 0 => entry == "block_wide_settle",

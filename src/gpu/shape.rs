@@ -189,8 +189,7 @@ impl Shape {
         // row_stats_verify is built for the load paths alone (no raw or entropy sums, not the
         // all-greedy pipelines, which settle in row_stats or merge over wide workgroups: a batch
         // that settles there is WIDE, so it never takes this path).
-        let chunks = plan.total_rows as u64 * u64::from(num_chunks);
-        let verify_in_stats = chunks <= u64::from(g.fused_verify_chunks)
+        let verify_in_stats = total_chunks <= u64::from(g.fused_verify_chunks)
             && !tree
             && n > 0
             && special & (SPECIAL_RAW | SPECIAL_ENTROPY | SPECIAL_MAX_ONLY | SPECIAL_WIDE) == 0;
@@ -234,8 +233,8 @@ impl Shape {
                 && block_chunks == 1
                 && special & SPECIAL_PLAIN_F32 != 0
                 && g.narrow_min_chunks() > 0
-                && chunks >= g.narrow_min_chunks(),
-            shared_runs: verify_in_stats && chunks > SHARED_RUNS_FROM_CHUNKS,
+                && total_chunks >= g.narrow_min_chunks(),
+            shared_runs: verify_in_stats && total_chunks > SHARED_RUNS_FROM_CHUNKS,
             early,
             candidate_rows: if early { plan.out_stride as u32 } else { 1 },
         }
