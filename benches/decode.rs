@@ -34,8 +34,10 @@
 //!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
-//! verify_share, prompt, temperature, rounds`; CSVs written before the last three columns
-//! existed have ten). tok/s is the median over rounds of generated tokens per second of decode
+//! verify_share, prompt, temperature, rounds, speculation`; CSVs written before the last four
+//! columns existed have ten, before the last one thirteen). `--cpu` rows come in pairs: the
+//! decoder speculating on every step (`speculation = always`) and its default, which falls back
+//! to plain steps where they are faster (`while-paying`). tok/s is the median over rounds of generated tokens per second of decode
 //! time (the prompt's prefill excluded); `accepted_per_step` is the mean of accepted drafts per
 //! target call; `verify_share` is the verifier's GPU time on the step's `k + 1` rows (timestamp
 //! queries where the adapter has them, else the wall time of a verify-only submission, an upper
@@ -428,14 +430,17 @@ fn run(a: &Args) -> Result<(), String> {
     run_inner(a).map_err(|e| e.to_string())
 }
 
-/// The CPU path: plain decoding and speculative decoding through `SpecDecoder` with a
-/// CPU verifier, alternated per round. Both run the same loop (plain is `k = 0`) with the
-/// target's prompt prefilled before the clock starts; the draft model's own prefill of the
-/// prompt falls in the first speculative step (it counts against speculation).
+/// The CPU path: plain decoding and speculative decoding through `SpecDecoder` with a CPU
+/// verifier, alternated per round: plain, speculating on every step (`Speculation::Always`) and
+/// the default `Speculation::WhilePaying`; a row for each speculative decoder, with the same
+/// plain column. All run the same loop (plain is `k = 0`) with the target's prompt prefilled
+/// before the clock starts; the draft model's own prefill of the prompt falls in the first
+/// speculative step (it counts against speculation).
 fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     use specdec::models::{GreedyDraft, Model};
     use specdec::speculative::{
         DecoderConfig, DraftModelProposer, GenRequest, Proposer, Sequences, SpecDecoder,
+        Speculation,
     };
     let options = specdec::models::LoadOptions {
         kernel: a.kernel,
@@ -463,68 +468,91 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let template = draft_model(&a.draft)?;
     type Run = (f64, specdec::speculative::Metrics, Vec<u32>);
-    let generate = |k: usize| -> Result<Run, Box<dyn std::error::Error>> {
-        let mut model = Model::new(weights.clone());
-        model.forward(&prompt[..prompt.len() - 1])?;
-        let mut target = Sequences::new(vec![model]);
-        // Plain decoding (k = 0) never asks its proposer for drafts.
-        let mut proposer: Box<dyn Proposer> = match &template {
-            Some(t) if k > 0 => Box::new(DraftModelProposer::new(GreedyDraft::new(t.clone()))),
-            _ => Box::new(NgramProposer::new(1, 3)?),
+    let generate =
+        |k: usize, speculation: Speculation| -> Result<Run, Box<dyn std::error::Error>> {
+            let mut model = Model::new(weights.clone());
+            model.forward(&prompt[..prompt.len() - 1])?;
+            let mut target = Sequences::new(vec![model]);
+            // Plain decoding (k = 0) never asks its proposer for drafts.
+            let mut proposer: Box<dyn Proposer> = match &template {
+                Some(t) if k > 0 => Box::new(DraftModelProposer::new(GreedyDraft::new(t.clone()))),
+                _ => Box::new(NgramProposer::new(1, 3)?),
+            };
+            let mut decoder = SpecDecoder::new(
+                &verifier,
+                DecoderConfig {
+                    num_drafts: k,
+                    speculation,
+                    ..DecoderConfig::default()
+                },
+            );
+            let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
+            let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
+            let m = decoder.metrics().clone();
+            let rate = out[0].tokens.len() as f64 / m.elapsed.as_secs_f64();
+            Ok((rate, m, out[0].tokens.clone()))
         };
-        let mut decoder = SpecDecoder::new(
-            &verifier,
-            DecoderConfig {
-                num_drafts: k,
-                ..DecoderConfig::default()
-            },
-        );
-        let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
-        let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
-        let m = decoder.metrics().clone();
-        let rate = out[0].tokens.len() as f64 / m.elapsed.as_secs_f64();
-        Ok((rate, m, out[0].tokens.clone()))
-    };
-    let _ = generate(a.k.min(2))?; // warm-up: allocations, caches, the CPU's clocks
-    let (mut plain, mut spec, mut last) = (Vec::new(), Vec::new(), None);
+    // Warm-up: allocations, caches, the CPU's clocks.
+    let _ = generate(a.k.min(2), Speculation::Always)?;
+    let ways = [
+        ("always", Speculation::Always),
+        ("while-paying", Speculation::WhilePaying),
+    ];
+    let mut plain = Vec::new();
+    let mut spec: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut last = [None, None];
     for round in 0..a.rounds {
-        let (p, _, plain_tokens) = generate(0)?;
-        let (s, m, spec_tokens) = generate(a.k)?;
-        if a.temperature == 0.0 && plain_tokens != spec_tokens {
-            return Err("speculative greedy output differs from plain greedy output".into());
-        }
-        eprintln!("round {round}: plain {p:.2} tok/s, speculative {s:.2} tok/s");
+        let (p, _, plain_tokens) = generate(0, Speculation::Always)?;
         plain.push(p);
-        spec.push(s);
-        last = Some(m);
+        let mut line = format!("round {round}: plain {p:.2} tok/s");
+        for (i, &(name, way)) in ways.iter().enumerate() {
+            let (s, m, tokens) = generate(a.k, way)?;
+            if a.temperature == 0.0 && plain_tokens != tokens {
+                return Err(format!(
+                    "speculative greedy output ({name}) differs from plain greedy output"
+                )
+                .into());
+            }
+            line += &format!(
+                ", {name} {s:.2} tok/s ({} of {} steps plain)",
+                m.plain_steps, m.target_calls
+            );
+            spec[i].push(s);
+            last[i] = Some(m);
+        }
+        eprintln!("{line}");
     }
-    let m = last.expect("at least one round");
-    let decode = m.elapsed.as_secs_f64();
-    let row = Row {
-        model: a.target.clone(),
-        draft: a.draft.clone(),
-        proposer: proposer_kind(&a.draft).into(),
-        backend: "cpu".into(),
-        adapter: cpu_adapter(a.kernel, threads),
-        k: a.k,
-        plain_tok_s: median(plain),
-        spec_tok_s: median(spec),
-        accepted_per_step: m.accepted as f64 / m.target_calls.max(1) as f64,
-        verify_share: Some(m.verify_time.as_secs_f64() / decode),
-        prompt: a.prompt.clone(),
-        temperature: a.temperature,
-        rounds: a.rounds,
-    };
+    let plain = median(plain);
     println!("{}", Row::HEADER);
-    println!("{}", row.csv());
-    println!(
-        "speed-up {:.2}x; verify {:.1} % of the speculative run",
-        row.spec_tok_s / row.plain_tok_s,
-        row.verify_share.unwrap_or(f64::NAN) * 100.0
-    );
-    if let Some(path) = &a.csv {
-        row.append(path)?;
-        eprintln!("appended to {path}");
+    for (i, &(name, _)) in ways.iter().enumerate() {
+        let m = last[i].take().expect("at least one round");
+        let decode = m.elapsed.as_secs_f64();
+        let row = Row {
+            model: a.target.clone(),
+            draft: a.draft.clone(),
+            proposer: proposer_kind(&a.draft).into(),
+            backend: "cpu".into(),
+            adapter: cpu_adapter(a.kernel, threads),
+            k: a.k,
+            plain_tok_s: plain,
+            spec_tok_s: median(std::mem::take(&mut spec[i])),
+            accepted_per_step: m.accepted as f64 / m.target_calls.max(1) as f64,
+            verify_share: Some(m.verify_time.as_secs_f64() / decode),
+            prompt: a.prompt.clone(),
+            temperature: a.temperature,
+            rounds: a.rounds,
+            speculation: name,
+        };
+        println!("{}", row.csv());
+        println!(
+            "{name}: speed-up {:.2}x; verify {:.1} % of the speculative run",
+            row.spec_tok_s / row.plain_tok_s,
+            row.verify_share.unwrap_or(f64::NAN) * 100.0
+        );
+        if let Some(path) = &a.csv {
+            row.append(path)?;
+            eprintln!("appended to {path}");
+        }
     }
     Ok(())
 }
@@ -713,6 +741,7 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             prompt: a.prompt.clone(),
             temperature: a.temperature,
             rounds: a.rounds,
+            speculation: "always",
         }
     };
     let mut rows = vec![];
@@ -769,15 +798,19 @@ struct Row {
     prompt: String,
     temperature: f32,
     rounds: usize,
+    /// `always` (every step proposes) or `while-paying` (the CPU decoder's default,
+    /// `Speculation::WhilePaying`); the GPU decoder always proposes.
+    speculation: &'static str,
 }
 
 impl Row {
     const HEADER: &'static str = "model,draft,proposer,backend,adapter,k,plain_tok_s,spec_tok_s,\
-                                  accepted_per_step,verify_share,prompt,temperature,rounds";
+                                  accepted_per_step,verify_share,prompt,temperature,rounds,\
+                                  speculation";
 
     fn csv(&self) -> String {
         format!(
-            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{},{},{},{}",
+            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{},{},{},{},{}",
             self.model,
             self.draft,
             self.proposer,
@@ -791,7 +824,8 @@ impl Row {
                 .map_or(String::new(), |v| format!("{v:.4}")),
             self.prompt,
             self.temperature,
-            self.rounds
+            self.rounds,
+            self.speculation
         )
     }
 

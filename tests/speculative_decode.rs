@@ -10,12 +10,13 @@ mod speculative_mock;
 use common::*;
 use specdec::speculative::{
     BatchExpansion, DecodeFault, DecoderConfig, DraftModelProposer, GenRequest, Generation,
-    Metrics, NgramProposer, NoProposer, Proposer, RowKind, Sequences, SpecDecoder, StopReason,
-    TargetModel,
+    Metrics, NgramProposer, NoProposer, Proposer, RowKind, Sequences, SpecDecoder, Speculation,
+    StopReason, TargetModel,
 };
 use specdec::tools::stats::chi_square_gof;
 use specdec::{SamplingParams, Verifier};
 use speculative_mock::*;
+use std::time::{Duration, Instant};
 
 const V: usize = 48;
 const EOS: u32 = 3;
@@ -103,10 +104,14 @@ fn run(
     (out, dec.metrics().clone())
 }
 
+/// Every step speculates: these tests count drafts, calls and steps of the verification path,
+/// which `Speculation::WhilePaying` would trade for plain steps wherever the mock's timing
+/// favours them (the policy has tests of its own below).
 fn greedy_config(k: usize) -> DecoderConfig {
     DecoderConfig {
         num_drafts: k,
         eos: vec![EOS],
+        speculation: Speculation::Always,
         ..DecoderConfig::default()
     }
 }
@@ -219,6 +224,179 @@ fn decoder_rejects_bad_requests_and_proposals() {
     let reqs = [GenRequest::new(vec![1, 2], SamplingParams::greedy(), 8)];
     let e = dec.generate(&mut target, &mut Greedy, &reqs).unwrap_err();
     assert!(e.to_string().contains("more than its cap"), "{e}");
+}
+
+// ---- when to speculate ----
+
+/// A target whose calls take `per_call + per_row × rows` of wall time, as a real model's do.
+struct Timed {
+    inner: Sequences<MockSeq>,
+    per_call: Duration,
+    per_row: Duration,
+}
+
+impl TargetModel for Timed {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn forward(
+        &mut self,
+        inputs: &[specdec::speculative::ScoreInput<'_>],
+        out: &mut [f32],
+    ) -> Result<(), specdec::speculative::ModelError> {
+        let rows: usize = inputs.iter().map(|i| i.rows()).sum();
+        std::thread::sleep(self.per_call + self.per_row * rows as u32);
+        self.inner.forward(inputs, out)
+    }
+    fn truncate(&mut self, seq: usize, len: usize) -> Result<(), specdec::speculative::ModelError> {
+        self.inner.truncate(seq, len)
+    }
+}
+
+/// Drafts that are always wrong: each request's first draft is one past the target's argmax, so
+/// every step accepts nothing.
+struct WrongDrafts(MockLm);
+
+impl Proposer for WrongDrafts {
+    fn propose(
+        &mut self,
+        seqs: &[specdec::speculative::SeqView<'_>],
+        k: usize,
+        out: &mut specdec::speculative::Proposals,
+    ) -> Result<(), specdec::speculative::SpecError> {
+        out.begin(RowKind::OneHot, 0);
+        for s in seqs {
+            let cap = specdec::speculative::proposal_cap(s.tokens.len(), s.max_len, k);
+            let wrong = (self.0.greedy_next(s.tokens) + 1) % self.0.vocab as u32;
+            out.push(&vec![wrong; cap], &[])?;
+        }
+        Ok(())
+    }
+}
+
+/// One request of `new_tokens` tokens through a timed target with `prop`; returns the output,
+/// the metrics and the wall time.
+fn timed_run(
+    prop: &mut dyn Proposer,
+    params: SamplingParams,
+    speculation: Speculation,
+    (per_call, per_row): (Duration, Duration),
+    new_tokens: usize,
+) -> (Vec<u32>, Metrics, Duration) {
+    let lm = MockLm::peaked(V);
+    let v = cpu();
+    let mut dec = SpecDecoder::new(
+        &v,
+        DecoderConfig {
+            num_drafts: 4,
+            speculation,
+            ..DecoderConfig::default()
+        },
+    );
+    let mut target = Timed {
+        inner: Sequences::new(vec![MockSeq::new(lm)]),
+        per_call,
+        per_row,
+    };
+    let req = [GenRequest::new(vec![7, 9, 11], params, new_tokens)];
+    let t0 = Instant::now();
+    let out = dec.generate(&mut target, prop, &req).unwrap();
+    let took = t0.elapsed();
+    (out[0].tokens.clone(), dec.metrics().clone(), took)
+}
+
+const ROW_COSTS: (Duration, Duration) = (Duration::ZERO, Duration::from_micros(1500));
+const CALL_COSTS: (Duration, Duration) = (Duration::from_millis(3), Duration::ZERO);
+
+/// Rejected drafts on a target whose every row costs as much as a call: speculation can only
+/// lose (5 rows for 1 token), so the default decoder falls back to plain steps, keeps the greedy
+/// output, and takes well under the time of speculating on every step.
+#[test]
+fn speculation_stops_where_it_loses() {
+    let lm = MockLm::peaked(V);
+    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 100, &[]);
+    let greedy = SamplingParams::greedy();
+    let (always, am, at) = timed_run(
+        &mut WrongDrafts(lm),
+        greedy,
+        Speculation::Always,
+        ROW_COSTS,
+        100,
+    );
+    let (paying, pm, pt) = timed_run(
+        &mut WrongDrafts(lm),
+        greedy,
+        Speculation::WhilePaying,
+        ROW_COSTS,
+        100,
+    );
+    eprintln!("always: {at:?}, {am}\nwhile paying: {pt:?}, {pm}");
+    assert_eq!(always, want);
+    assert_eq!(
+        paying, want,
+        "switching to plain steps changed the greedy output"
+    );
+    assert_eq!(am.plain_steps, 0);
+    assert_eq!(am.accepted, 0);
+    assert!(
+        pm.plain_steps * 10 >= pm.target_calls * 8,
+        "only {} of {} steps were plain",
+        pm.plain_steps,
+        pm.target_calls
+    );
+    assert!(pt * 2 < at, "while paying {pt:?}, always {at:?}");
+    assert!(pm.to_string().contains("steps without drafts"));
+}
+
+/// Drafts that are always right on a target whose calls cost the same at any row count:
+/// speculation wins ~5×, and the default decoder keeps it, trying plain steps rarely.
+#[test]
+fn speculation_continues_where_it_pays() {
+    let lm = MockLm::peaked(V);
+    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 150, &[]);
+    let mut oracle = DraftModelProposer::new(MockDraft::new(lm, 0.0, RowKind::OneHot));
+    let (got, m, _) = timed_run(
+        &mut oracle,
+        SamplingParams::greedy(),
+        Speculation::WhilePaying,
+        CALL_COSTS,
+        150,
+    );
+    eprintln!("{m}");
+    assert_eq!(got, want);
+    assert_eq!(
+        m.accepted, m.proposed,
+        "the oracle's drafts are the target's argmax"
+    );
+    assert!(m.plain_steps >= 1, "plain decoding was never measured");
+    assert!(
+        m.plain_steps * 10 <= m.target_calls,
+        "{} of {} steps were plain",
+        m.plain_steps,
+        m.target_calls
+    );
+}
+
+/// A sampled request always speculates (the way a step is taken would otherwise depend on
+/// timing, and a seeded run's tokens with it), so a seeded run replays even where drafts lose.
+#[test]
+fn sampled_requests_always_speculate_and_replay() {
+    let lm = MockLm::peaked(V);
+    let params = SamplingParams::seeded(0.8, 31);
+    let run = || {
+        timed_run(
+            &mut WrongDrafts(lm),
+            params,
+            Speculation::WhilePaying,
+            (Duration::ZERO, Duration::from_micros(200)),
+            40,
+        )
+    };
+    let (a, am, _) = run();
+    let (b, _, _) = run();
+    assert_eq!(a, b, "a seeded sampled run did not replay");
+    assert_eq!(am.plain_steps, 0);
+    assert!(am.proposed > 0);
 }
 
 // ---- distribution ----

@@ -5,7 +5,7 @@ use super::{
     proposal_cap, verify_host, Metrics, Proposals, Proposer, RowKind, ScoreInput, SeqView,
     SpecError, TargetModel,
 };
-use crate::{Draft, Request, SamplingParams, Verifier, VerifyOutput};
+use crate::{Draft, Request, Rule, SamplingParams, Verifier, VerifyOutput};
 use std::time::Instant;
 
 /// Every request's tokens so far (prompt included) and why it stopped, if it has.
@@ -68,6 +68,78 @@ fn sample_faulty(row: &[f32], t: f32, seed: u64, position: usize) -> u32 {
     (row.len() - 1) as u32
 }
 
+/// When a [`SpecDecoder`] asks its proposer for drafts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Speculation {
+    /// Every step asks for up to `num_drafts` drafts per request.
+    Always,
+    /// Speculate only while it pays (the default). A step whose live requests are all greedy
+    /// (temperature 0 with [`Rule::Exact`] or [`Rule::Block`], whose output is the target's
+    /// greedy output however many drafts are proposed) runs with drafts or without them (plain
+    /// decoding, one row per request), whichever has appended more tokens per second of wall
+    /// time in this decoder's recent steps; the slower way is tried again for about 1/32 of the
+    /// time, so a change of pace (a copied passage ending, a draft model that catches on) is
+    /// noticed. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
+    /// a whole call each) the decoder so falls back to plain decoding instead of running slower
+    /// than it. A step with a sampled request always speculates: the way a step is taken would
+    /// depend on timing, and a seeded sampled run's tokens (though distributed the same either
+    /// way) would then differ from run to run.
+    #[default]
+    WhilePaying,
+}
+
+/// The recent wall time and appended tokens of steps without drafts (`[0]`) and with drafts
+/// (`[1]`), each weighed down by [`Pace::DECAY`] per step, which [`Speculation::WhilePaying`]
+/// compares.
+#[derive(Clone, Debug, Default)]
+struct Pace {
+    secs: [f64; 2],
+    tokens: [f64; 2],
+    tried: [bool; 2],
+}
+
+impl Pace {
+    /// A step's weight one step later: a memory of about a hundred steps, so that the choice
+    /// follows the text within tens of steps without swinging on one slow step.
+    const DECAY: f64 = 0.99;
+    /// The slower way runs again whenever its share of the recent time falls below this: the
+    /// most it can cost where its pace is unchanged, and the time it takes to notice a change.
+    const PROBE_SHARE: f64 = 1.0 / 32.0;
+
+    /// Whether the next step should propose drafts.
+    fn speculate(&self) -> bool {
+        // Drafts first, then one step without, before comparing.
+        if !self.tried[1] {
+            return true;
+        }
+        if !self.tried[0] {
+            return false;
+        }
+        let rate = |m: usize| self.tokens[m] / self.secs[m].max(f64::MIN_POSITIVE);
+        let faster = usize::from(rate(1) >= rate(0));
+        let slower = 1 - faster;
+        let due = self.secs[slower] < Self::PROBE_SHARE * (self.secs[0] + self.secs[1]);
+        (if due { slower } else { faster }) == 1
+    }
+
+    /// Counts one step, with drafts or without, that took `secs` and appended `tokens`.
+    fn record(&mut self, speculated: bool, secs: f64, tokens: u64) {
+        for m in 0..2 {
+            self.secs[m] *= Self::DECAY;
+            self.tokens[m] *= Self::DECAY;
+        }
+        let m = usize::from(speculated);
+        self.secs[m] += secs;
+        self.tokens[m] += tokens as f64;
+        self.tried[m] = true;
+    }
+}
+
+/// Whether a request's output is the target's greedy output whatever is proposed for it.
+fn greedy_whatever_drafted(params: &SamplingParams) -> bool {
+    params.temperature == 0.0 && matches!(params.rule, Rule::Exact | Rule::Block)
+}
+
 /// Settings of a [`SpecDecoder`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
@@ -75,6 +147,8 @@ pub struct DecoderConfig {
     pub num_drafts: usize,
     /// End-of-sequence ids: a request stops after emitting one (it is kept in the output).
     pub eos: Vec<u32>,
+    /// When to propose (default [`Speculation::WhilePaying`]).
+    pub speculation: Speculation,
     #[doc(hidden)]
     /// Deliberately wrong loop, only for negative controls.
     pub fault: DecodeFault,
@@ -85,6 +159,7 @@ impl Default for DecoderConfig {
         DecoderConfig {
             num_drafts: 4,
             eos: Vec::new(),
+            speculation: Speculation::default(),
             fault: DecodeFault::None,
         }
     }
@@ -143,8 +218,11 @@ pub struct Generation {
 /// drop the rejected drafts from the KV cache, and appends the emitted tokens one by one,
 /// stopping a request at its first end-of-sequence id (kept) or at `max_len` (tokens past the
 /// stop are discarded). With `num_drafts = 0`, or [`super::NoProposer`], this is plain decoding
-/// through the same machinery (one token per request-step). The host-slice verifier API is used:
-/// logits are uploaded once per step on a GPU verifier.
+/// through the same machinery (one token per request-step). With [`Speculation::WhilePaying`]
+/// (the default) a step of greedy requests may skip the proposer and score one row per request,
+/// where that has been the faster way in this `generate` call ([`Metrics::plain_steps`] counts
+/// those steps). The host-slice verifier API is used: logits are uploaded once per step on a GPU
+/// verifier.
 pub struct SpecDecoder<'v> {
     verifier: &'v Verifier,
     config: DecoderConfig,
@@ -216,9 +294,20 @@ impl<'v> SpecDecoder<'v> {
             .filter(|&i| progress.stops[i].is_none())
             .collect();
         let k = self.config.num_drafts;
+        // Learned anew by every call; its first step (a draft model's prefill of the prompt, cold
+        // caches) is not counted.
+        let mut pace = Pace::default();
+        let mut first = true;
         while !live.is_empty() {
             // Propose.
             let t0 = Instant::now();
+            let adaptive = self.config.speculation == Speculation::WhilePaying
+                && k > 0
+                && live
+                    .iter()
+                    .all(|&r| greedy_whatever_drafted(&requests[r].params));
+            let speculate = !adaptive || first || pace.speculate();
+            let step_k = if speculate { k } else { 0 };
             let views: Vec<SeqView<'_>> = live
                 .iter()
                 .map(|&r| SeqView {
@@ -228,8 +317,12 @@ impl<'v> SpecDecoder<'v> {
                     params: requests[r].params,
                 })
                 .collect();
-            proposer.propose(&views, k, &mut self.proposals)?;
-            self.check_proposals(&views, k, vocab)?;
+            if speculate {
+                proposer.propose(&views, k, &mut self.proposals)?;
+            } else {
+                super::NoProposer.propose(&views, 0, &mut self.proposals)?;
+            }
+            self.check_proposals(&views, step_k, vocab)?;
             self.proposals.offsets_into(&mut self.offsets);
             let t1 = Instant::now();
             self.score(target, &views, vocab)?;
@@ -237,7 +330,16 @@ impl<'v> SpecDecoder<'v> {
             let out = self.verify(&views, vocab)?;
             drop(views);
             let t3 = Instant::now();
+            let appended = self.metrics.appended;
             self.append(target, requests, &live, &out, &mut progress, vocab)?;
+            if adaptive && !first {
+                let secs = t0.elapsed().as_secs_f64();
+                pace.record(speculate, secs, self.metrics.appended - appended);
+            }
+            if !speculate {
+                self.metrics.plain_steps += 1;
+            }
+            first = false;
             live.retain(|&r| progress.stops[r].is_none());
             self.metrics.propose_time += t1 - t0;
             self.metrics.score_time += t2 - t1;

@@ -37,6 +37,9 @@ pub struct Metrics {
     pub emitted: u64,
     /// Tokens appended to the sequences.
     pub appended: u64,
+    /// Decode steps run without asking the proposer, because plain decoding had been the faster
+    /// way ([`super::Speculation::WhilePaying`]); their request-steps count as `k = 0` steps.
+    pub plain_steps: u64,
     /// `[i]`: request-steps that proposed more than `i` drafts.
     pub proposed_at: Vec<u64>,
     /// `[i]`: request-steps that accepted more than `i` drafts.
@@ -111,6 +114,13 @@ impl fmt::Display for Metrics {
         writeln!(f, "|---|---|")?;
         writeln!(f, "| target calls | {} |", self.target_calls)?;
         writeln!(f, "| request-steps | {} |", self.request_steps)?;
+        if self.plain_steps > 0 {
+            writeln!(
+                f,
+                "| steps without drafts (plain was faster) | {} |",
+                self.plain_steps
+            )?;
+        }
         writeln!(
             f,
             "| drafts proposed / accepted | {} / {} |",

@@ -32,7 +32,7 @@ mod scorer;
 
 #[doc(hidden)]
 pub use decoder::DecodeFault;
-pub use decoder::{DecoderConfig, GenRequest, Generation, SpecDecoder, StopReason};
+pub use decoder::{DecoderConfig, GenRequest, Generation, SpecDecoder, Speculation, StopReason};
 pub use draft::{DraftModel, DraftModelProposer};
 pub use gather_rows::{gather_rows_cpu, GatherRows};
 pub use metrics::Metrics;
