@@ -349,18 +349,19 @@ fn speculation_stops_where_it_loses() {
 }
 
 /// Drafts that are always right on a target whose calls cost the same at any row count:
-/// speculation wins ~5×, and the default decoder keeps it, trying plain steps rarely.
+/// speculation wins ~5×, and the default decoder keeps it, trying plain steps rarely (two to
+/// start with, then about 1/32 of the time).
 #[test]
 fn speculation_continues_where_it_pays() {
     let lm = MockLm::peaked(V);
-    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 150, &[]);
+    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 300, &[]);
     let mut oracle = DraftModelProposer::new(MockDraft::new(lm, 0.0, RowKind::OneHot));
     let (got, m, _) = timed_run(
         &mut oracle,
         SamplingParams::greedy(),
         Speculation::WhilePaying,
         CALL_COSTS,
-        150,
+        300,
     );
     eprintln!("{m}");
     assert_eq!(got, want);
@@ -370,7 +371,7 @@ fn speculation_continues_where_it_pays() {
     );
     assert!(m.plain_steps >= 1, "plain decoding was never measured");
     assert!(
-        m.plain_steps * 10 <= m.target_calls,
+        m.plain_steps * 8 <= m.target_calls,
         "{} of {} steps were plain",
         m.plain_steps,
         m.target_calls

@@ -77,9 +77,9 @@ pub enum Speculation {
     /// (temperature 0 with [`Rule::Exact`] or [`Rule::Block`], whose output is the target's
     /// greedy output however many drafts are proposed) runs with drafts or without them (plain
     /// decoding, one row per request), whichever has appended more tokens per second of wall
-    /// time in this decoder's recent steps; the slower way is tried again for about 1/32 of the
-    /// time, so a change of pace (a copied passage ending, a draft model that catches on) is
-    /// noticed. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
+    /// time in the recent steps of this `generate` call; the slower way is tried again for
+    /// about 1/32 of the time, so a change of pace (a copied passage ending, a draft model that
+    /// catches on) is noticed. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
     /// a whole call each) the decoder so falls back to plain decoding instead of running slower
     /// than it. A step with a sampled request always speculates: the way a step is taken would
     /// depend on timing, and a seeded sampled run's tokens (though distributed the same either
@@ -95,25 +95,25 @@ pub enum Speculation {
 struct Pace {
     secs: [f64; 2],
     tokens: [f64; 2],
-    tried: [bool; 2],
+    steps: [u32; 2],
 }
 
 impl Pace {
-    /// A step's weight one step later: a memory of about a hundred steps, so that the choice
-    /// follows the text within tens of steps without swinging on one slow step.
-    const DECAY: f64 = 0.99;
-    /// The slower way runs again whenever its share of the recent time falls below this: the
-    /// most it can cost where its pace is unchanged, and the time it takes to notice a change.
+    /// A step's weight one step later: a memory of about twenty steps, so that the choice
+    /// follows the text (a copied passage starting or ending) within a few steps.
+    const DECAY: f64 = 0.95;
+    /// The slower way runs again whenever its share of the recent time falls below this: about
+    /// what trying it costs where its pace is unchanged.
     const PROBE_SHARE: f64 = 1.0 / 32.0;
+    /// Steps of each way before they are compared, so that one unlucky step (a first proposal
+    /// rejected) does not keep the decoder on the other way for tens of steps.
+    const FIRST_STEPS: u32 = 2;
 
     /// Whether the next step should propose drafts.
     fn speculate(&self) -> bool {
-        // Drafts first, then one step without, before comparing.
-        if !self.tried[1] {
-            return true;
-        }
-        if !self.tried[0] {
-            return false;
+        if self.steps.iter().any(|&n| n < Self::FIRST_STEPS) {
+            // Drafts first, then the ways in turn.
+            return self.steps[1] <= self.steps[0];
         }
         let rate = |m: usize| self.tokens[m] / self.secs[m].max(f64::MIN_POSITIVE);
         let faster = usize::from(rate(1) >= rate(0));
@@ -122,16 +122,17 @@ impl Pace {
         (if due { slower } else { faster }) == 1
     }
 
-    /// Counts one step, with drafts or without, that took `secs` and appended `tokens`.
-    fn record(&mut self, speculated: bool, secs: f64, tokens: u64) {
+    /// Counts one step that took `secs` and appended `tokens`, with drafts or without (a step
+    /// whose proposer drafted nothing is a step without: it measured plain decoding's pace).
+    fn record(&mut self, drafted: bool, secs: f64, tokens: u64) {
         for m in 0..2 {
             self.secs[m] *= Self::DECAY;
             self.tokens[m] *= Self::DECAY;
         }
-        let m = usize::from(speculated);
+        let m = usize::from(drafted);
         self.secs[m] += secs;
         self.tokens[m] += tokens as f64;
-        self.tried[m] = true;
+        self.steps[m] = self.steps[m].saturating_add(1);
     }
 }
 
@@ -334,7 +335,8 @@ impl<'v> SpecDecoder<'v> {
             self.append(target, requests, &live, &out, &mut progress, vocab)?;
             if adaptive && !first {
                 let secs = t0.elapsed().as_secs_f64();
-                pace.record(speculate, secs, self.metrics.appended - appended);
+                let drafted = !self.proposals.tokens.is_empty();
+                pace.record(drafted, secs, self.metrics.appended - appended);
             }
             if !speculate {
                 self.metrics.plain_steps += 1;
