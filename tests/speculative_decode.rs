@@ -254,8 +254,8 @@ impl TargetModel for Timed {
 }
 
 /// Drafts that are always wrong: each request's first draft is one past the target's argmax, so
-/// every step accepts nothing.
-struct WrongDrafts(MockLm);
+/// every step accepts nothing; `.1` is what `catches_up` answers.
+struct WrongDrafts(MockLm, bool);
 
 impl Proposer for WrongDrafts {
     fn propose(
@@ -271,6 +271,9 @@ impl Proposer for WrongDrafts {
             out.push(&vec![wrong; cap], &[])?;
         }
         Ok(())
+    }
+    fn catches_up(&self) -> bool {
+        self.1
     }
 }
 
@@ -317,14 +320,14 @@ fn speculation_stops_where_it_loses() {
     let want = reference_greedy(&lm, &[7, 9, 11], 3 + 100, &[]);
     let greedy = SamplingParams::greedy();
     let (always, am, at) = timed_run(
-        &mut WrongDrafts(lm),
+        &mut WrongDrafts(lm, false),
         greedy,
         Speculation::Always,
         ROW_COSTS,
         100,
     );
     let (paying, pm, pt) = timed_run(
-        &mut WrongDrafts(lm),
+        &mut WrongDrafts(lm, false),
         greedy,
         Speculation::WhilePaying,
         ROW_COSTS,
@@ -346,6 +349,22 @@ fn speculation_stops_where_it_loses() {
     );
     assert!(pt * 2 < at, "while paying {pt:?}, always {at:?}");
     assert!(pm.to_string().contains("steps without drafts"));
+    // A lookup is tried again now and then; a proposer that must catch up on the steps it
+    // missed is not, once plain steps measured faster: it drafts in the first step and the
+    // two compared ones only.
+    assert!(
+        pm.target_calls - pm.plain_steps > 3,
+        "a lookup was never tried again: {pm}"
+    );
+    let (stateful, sm, _) = timed_run(
+        &mut WrongDrafts(lm, true),
+        greedy,
+        Speculation::WhilePaying,
+        ROW_COSTS,
+        100,
+    );
+    assert_eq!(stateful, want);
+    assert_eq!(sm.target_calls - sm.plain_steps, 3, "{sm}");
 }
 
 /// Drafts that are always right on a target whose calls cost the same at any row count:
@@ -386,7 +405,7 @@ fn sampled_requests_always_speculate_and_replay() {
     let params = SamplingParams::seeded(0.8, 31);
     let run = || {
         timed_run(
-            &mut WrongDrafts(lm),
+            &mut WrongDrafts(lm, false),
             params,
             Speculation::WhilePaying,
             (Duration::ZERO, Duration::from_micros(200)),

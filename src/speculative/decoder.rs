@@ -78,8 +78,10 @@ pub enum Speculation {
     /// greedy output however many drafts are proposed) runs with drafts or without them (plain
     /// decoding, one row per request), whichever has appended more tokens per second of wall
     /// time in the recent steps of this `generate` call; the slower way is tried again for
-    /// about 1/32 of the time, so a change of pace (a copied passage ending, a draft model that
-    /// catches on) is noticed. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
+    /// about 1/32 of the time, so a change of pace (a copied passage starting or ending) is
+    /// noticed, except a proposer that must catch up on the steps it missed
+    /// ([`super::Proposer::catches_up`], a draft model), which plain steps that have measured
+    /// faster replace for the rest of the call. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
     /// a whole call each) the decoder so falls back to plain decoding instead of running slower
     /// than it. A step with a sampled request always speculates: the way a step is taken would
     /// depend on timing, and a seeded sampled run's tokens (though distributed the same either
@@ -109,8 +111,9 @@ impl Pace {
     /// rejected) does not keep the decoder on the other way for tens of steps.
     const FIRST_STEPS: u32 = 2;
 
-    /// Whether the next step should propose drafts.
-    fn speculate(&self) -> bool {
+    /// Whether the next step should propose drafts; a proposer that `catches_up`
+    /// ([`Proposer::catches_up`]) is not tried again once plain steps are the faster way.
+    fn speculate(&self, catches_up: bool) -> bool {
         if self.steps.iter().any(|&n| n < Self::FIRST_STEPS) {
             // Drafts first, then the ways in turn.
             return self.steps[1] <= self.steps[0];
@@ -118,6 +121,9 @@ impl Pace {
         let rate = |m: usize| self.tokens[m] / self.secs[m].max(f64::MIN_POSITIVE);
         let faster = usize::from(rate(1) >= rate(0));
         let slower = 1 - faster;
+        if catches_up && faster == 0 {
+            return false;
+        }
         let due = self.secs[slower] < Self::PROBE_SHARE * (self.secs[0] + self.secs[1]);
         (if due { slower } else { faster }) == 1
     }
@@ -307,7 +313,7 @@ impl<'v> SpecDecoder<'v> {
                 && live
                     .iter()
                     .all(|&r| greedy_whatever_drafted(&requests[r].params));
-            let speculate = !adaptive || first || pace.speculate();
+            let speculate = !adaptive || first || pace.speculate(proposer.catches_up());
             let step_k = if speculate { k } else { 0 };
             let views: Vec<SeqView<'_>> = live
                 .iter()

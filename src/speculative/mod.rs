@@ -212,6 +212,17 @@ pub trait Proposer {
         k: usize,
         out: &mut Proposals,
     ) -> Result<(), SpecError>;
+
+    /// Whether proposing again after steps that did not call this proposer costs more than a
+    /// usual proposal: a draft model's cache must first take in every token it missed. With
+    /// [`Speculation::WhilePaying`], once plain steps have measured faster, such a proposer is
+    /// not tried again in that `generate` call (each try would cost a catch-up as long as the
+    /// plain run before it); a proposer that returns `false` (a lookup such as
+    /// [`NgramProposer`]) is tried again for about 1/32 of the time. The default, `true`, is the
+    /// safe answer for a proposer that keeps state.
+    fn catches_up(&self) -> bool {
+        true
+    }
 }
 
 /// The proposer of plain decoding: proposes nothing, so every step is a `k = 0` step.
@@ -230,6 +241,10 @@ impl Proposer for NoProposer {
             out.push(&[], &[])?;
         }
         Ok(())
+    }
+
+    fn catches_up(&self) -> bool {
+        false
     }
 }
 

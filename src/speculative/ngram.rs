@@ -87,6 +87,11 @@ impl Proposer for NgramProposer {
         }
         Ok(())
     }
+
+    /// A lookup in the sequence itself: nothing to catch up on.
+    fn catches_up(&self) -> bool {
+        false
+    }
 }
 
 /// Prompt-lookup proposer that drafts a **tree**: the continuations of several earlier
