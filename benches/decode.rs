@@ -51,7 +51,7 @@ use specdec::models::{
     model_file, Config, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelOptions, GpuProposer,
     GpuSequence, Weights,
 };
-use specdec::speculative::{NgramProposer, NgramTreeProposer};
+use specdec::speculative::{NgramProposer, NgramTreeProposer, Speculation};
 use specdec::{Draft, GpuRows, GpuVerifyBatch, Request, Rule, SamplingParams, Verifier};
 
 #[path = "common/prompts.rs"]
@@ -269,6 +269,8 @@ struct Run {
     /// emitted tokens are read (`score_time`).
     record: Duration,
     wait: Duration,
+    /// Plain runs taken instead of steps (`Metrics::plain_steps`, `Speculation::WhilePaying`).
+    plain_runs: u64,
 }
 
 impl Run {
@@ -305,6 +307,7 @@ fn generate(
         steps: m.target_calls,
         accepted: m.accepted,
         step_time: decode / (m.target_calls.max(1) as u32),
+        plain_runs: m.plain_steps,
     })
 }
 
@@ -641,6 +644,7 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         num_drafts: a.k,
         eos: Vec::new(),
         synthetic_rates: rates.clone(),
+        speculation: Speculation::Always,
     };
     let seq = || GpuSequence::new(target.gpu.clone());
     let mut plain = GpuDecoder::new(&verifier, seq()?, GpuProposer::None, config.clone())?;
@@ -650,6 +654,20 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         proposer(a, &target, &verifier)?,
         config.clone(),
     )?;
+    // A chain run also times the decoder's default, which takes plain runs where they are
+    // faster (`Speculation::WhilePaying`), in the same rounds.
+    let mut paying = match a.draft.starts_with("ngram-tree:") {
+        true => None,
+        false => Some(GpuDecoder::new(
+            &verifier,
+            seq()?,
+            proposer(a, &target, &verifier)?,
+            GpuDecodeConfig {
+                speculation: Speculation::WhilePaying,
+                ..config.clone()
+            },
+        )?),
+    };
     // A tree run also times the n-gram chain of the same depth, in the same rounds.
     let tree = a.draft.starts_with("ngram-tree:");
     let mut chain = match tree {
@@ -669,6 +687,7 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("continuation: {:?}", w.tokenizer().decode(&text));
     }
     let (mut plain_tok_s, mut s_spec, mut s_chain) = (vec![], Series::default(), Series::default());
+    let mut s_paying = Series::default();
     for round in 0..a.rounds {
         // Sampled text differs from seed to seed, and chains and trees draw differently: each
         // round is one more sample (the same seed for all decoders of the round).
@@ -685,6 +704,10 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .as_mut()
             .map(|c| generate(c, &prompt, params, a.tokens))
             .transpose()?;
+        let w = paying
+            .as_mut()
+            .map(|d| generate(d, &prompt, params, a.tokens))
+            .transpose()?;
         eprintln!(
             "round {round}: plain {:.1} tok/s, speculative {:.1} tok/s ({} drafts accepted; \
              {}){}",
@@ -696,11 +719,17 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 "; chain {:.1} tok/s ({})",
                 c.tok_s,
                 c.detail()
+            )) + &w.as_ref().map_or(String::new(), |w| format!(
+                "; while paying {:.1} tok/s ({} plain runs)",
+                w.tok_s, w.plain_runs
             ))
         );
         if params.temperature == 0.0 {
             let same = |r: &Run| r.tokens == p.tokens;
-            if !same(&s) || c.as_ref().is_some_and(|c| !same(c)) {
+            if !same(&s)
+                || c.as_ref().is_some_and(|c| !same(c))
+                || w.as_ref().is_some_and(|w| !same(w))
+            {
                 return Err("greedy speculative output differs from plain greedy output".into());
             }
         }
@@ -708,6 +737,9 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         s_spec.add(&s);
         if let Some(c) = &c {
             s_chain.add(c);
+        }
+        if let Some(w) = &w {
+            s_paying.add(w);
         }
     }
     let m = spec.metrics();
@@ -723,7 +755,7 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     let (verify, how) = verify_time(&verifier, vocab, a.k, params, rates.as_deref())?;
     let plain = median(plain_tok_s);
-    let row = |draft: &str, s: Series| {
+    let row = |draft: &str, s: Series, speculation: &'static str| {
         let step_time = s.step_time / a.rounds as u32;
         Row {
             model: a.target.clone(),
@@ -741,14 +773,17 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             prompt: a.prompt.clone(),
             temperature: a.temperature,
             rounds: a.rounds,
-            speculation: "always",
+            speculation,
         }
     };
     let mut rows = vec![];
     if chain.is_some() {
-        rows.push(row("ngram", s_chain));
+        rows.push(row("ngram", s_chain, "always"));
     }
-    rows.push(row(&a.draft, s_spec));
+    rows.push(row(&a.draft, s_spec, "always"));
+    if paying.is_some() {
+        rows.push(row(&a.draft, s_paying, "while-paying"));
+    }
     println!("{}", Row::HEADER);
     for row in &rows {
         println!("{}", row.csv());

@@ -31,7 +31,9 @@ use specdec::models::{
     GpuProposer, GpuSequence, GreedyDraft, LoadOptions, Model, Weights, QWEN_0_5B_FILE,
     QWEN_1_5B_FILE, SMOLLM2_FILE,
 };
-use specdec::speculative::{DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder};
+use specdec::speculative::{
+    DecoderConfig, DraftModelProposer, GenRequest, Sequences, SpecDecoder, Speculation,
+};
 use specdec::{DeviceChoice, SamplingParams, Verifier, VerifierOptions};
 
 fn main() -> ExitCode {
@@ -148,7 +150,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "speculation does not pay on this machine: a step emitted {per_step:.2} tokens on \
              average but took as long as {step_cost:.2} plain tokens (its draft forwards, the \
              target's k + 1-row call and the verification); a cheaper draft (--self N: the \
-             target's first N layers) or drafts accepted more often would pay more"
+             target's first N layers) or drafts accepted more often would pay more (greedy \
+             decoding falls back to plain steps once it has measured them faster: the table's \
+             'steps without drafts'; before that it tried both)"
         );
     } else {
         println!(
@@ -199,6 +203,7 @@ fn run_gpu(
         num_drafts: run.k,
         eos: run.eos.clone(),
         synthetic_rates: None,
+        speculation: Speculation::WhilePaying,
     };
     let mut plain = GpuDecoder::new(
         verifier,

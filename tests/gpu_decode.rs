@@ -33,8 +33,7 @@ use specdec::models::{
     argmax, models_dir, GpuDecodeConfig, GpuDecoder, GpuModel, GpuModelError, GpuModelOptions,
     GpuProposer, GpuSequence, Weights, PLAIN_WINDOW, SMOLLM2_FILE,
 };
-use specdec::speculative::StopReason;
-use specdec::speculative::{NgramProposer, NgramTreeProposer};
+use specdec::speculative::{NgramProposer, NgramTreeProposer, Speculation, StopReason};
 use specdec::{SamplingParams, Verifier, VerifierOptions};
 
 /// A short Python function (SmolLM2 ids) whose continuation repeats some of it.
@@ -88,6 +87,9 @@ fn decoder(
         proposer,
         GpuDecodeConfig {
             num_drafts: k,
+            // These tests count the speculative path's drafts, guesses and calls; the default
+            // policy's plain runs have a test of their own.
+            speculation: Speculation::Always,
             ..Default::default()
         },
     )
@@ -201,6 +203,43 @@ fn plain_decoding_runs_ahead_and_equals_one_token_at_a_time() {
         .unwrap();
     assert_eq!(a, b, "a seeded plain run did not replay");
     assert_ne!(a.tokens, c.tokens, "two seeds gave the same {m} tokens");
+}
+
+/// The default policy (`Speculation::WhilePaying`) mixes plain runs into a greedy generation:
+/// its first steps take the two ways in turn, so a run of 40 tokens with a draft model has at
+/// least one plain run, and the output is plain greedy's, with a draft model (which plain runs
+/// leave behind, to catch up when it drafts again) and with n-gram drafts.
+#[test]
+fn plain_runs_of_the_default_policy_keep_greedy_output() {
+    let Some(model) = gpu_model() else { return };
+    let n = 40;
+    let mut plain = decoder(&model, SHORT, GpuProposer::None, 4).unwrap();
+    let want = plain.generate(PROMPT, SamplingParams::greedy(), n).unwrap();
+    let verifier = common::gpu().expect("gpu_model() found one");
+    let proposers = [
+        ("draft model", layer_skip(&model, 4)),
+        (
+            "n-gram",
+            GpuProposer::Ngram(NgramProposer::new(1, 3).unwrap()),
+        ),
+    ];
+    for (name, proposer) in proposers {
+        let target = GpuSequence::with_layers(model.clone(), SHORT).unwrap();
+        let mut spec =
+            GpuDecoder::new(verifier, target, proposer, GpuDecodeConfig::default()).unwrap();
+        let got = spec.generate(PROMPT, SamplingParams::greedy(), n).unwrap();
+        let m = spec.metrics();
+        eprintln!(
+            "{name}: {} plain runs, {} target calls, {} of {} drafts accepted",
+            m.plain_steps, m.target_calls, m.accepted, m.proposed
+        );
+        assert_eq!(got, want, "{name}: greedy with plain runs != plain greedy");
+        assert_eq!(m.appended, n as u64);
+        if name == "draft model" {
+            assert!(m.plain_steps >= 1, "no plain run was taken");
+            assert!(m.proposed > 0, "no draft was proposed");
+        }
+    }
 }
 
 /// On text that repeats itself, n-gram steps are recorded during the previous step on the guess

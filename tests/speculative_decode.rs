@@ -317,21 +317,21 @@ const CALL_COSTS: (Duration, Duration) = (Duration::from_millis(3), Duration::ZE
 #[test]
 fn speculation_stops_where_it_loses() {
     let lm = MockLm::peaked(V);
-    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 100, &[]);
+    let want = reference_greedy(&lm, &[7, 9, 11], 3 + 300, &[]);
     let greedy = SamplingParams::greedy();
     let (always, am, at) = timed_run(
         &mut WrongDrafts(lm, false),
         greedy,
         Speculation::Always,
         ROW_COSTS,
-        100,
+        300,
     );
     let (paying, pm, pt) = timed_run(
         &mut WrongDrafts(lm, false),
         greedy,
         Speculation::WhilePaying,
         ROW_COSTS,
-        100,
+        300,
     );
     eprintln!("always: {at:?}, {am}\nwhile paying: {pt:?}, {pm}");
     assert_eq!(always, want);
@@ -361,7 +361,7 @@ fn speculation_stops_where_it_loses() {
         greedy,
         Speculation::WhilePaying,
         ROW_COSTS,
-        100,
+        300,
     );
     assert_eq!(stateful, want);
     assert_eq!(sm.target_calls - sm.plain_steps, 3, "{sm}");

@@ -75,7 +75,8 @@ pub enum Speculation {
     Always,
     /// Speculate only while it pays (the default). A step whose live requests are all greedy
     /// (temperature 0 with [`Rule::Exact`] or [`Rule::Block`], whose output is the target's
-    /// greedy output however many drafts are proposed) runs with drafts or without them (plain
+    /// greedy output however many drafts are proposed; or with [`Rule::Synthetic`] at any
+    /// temperature, the benchmarks' stand-in for them) runs with drafts or without them (plain
     /// decoding, one row per request), whichever has appended more tokens per second of wall
     /// time in the recent steps of this `generate` call; the slower way is tried again for
     /// about 1/32 of the time, so a change of pace (a copied passage starting or ending) is
@@ -92,45 +93,60 @@ pub enum Speculation {
 
 /// The recent wall time and appended tokens of steps without drafts (`[0]`) and with drafts
 /// (`[1]`), each weighed down by [`Pace::DECAY`] per step, which [`Speculation::WhilePaying`]
-/// compares.
+/// compares; and when each way last ran.
 #[derive(Clone, Debug, Default)]
-struct Pace {
+pub(crate) struct Pace {
     secs: [f64; 2],
     tokens: [f64; 2],
     steps: [u32; 2],
+    /// How long each way's latest step took.
+    last: [f64; 2],
+    /// Wall time of the other way's steps since each way's latest step.
+    since: [f64; 2],
 }
 
 impl Pace {
-    /// A step's weight one step later: a memory of about twenty steps, so that the choice
-    /// follows the text (a copied passage starting or ending) within a few steps.
-    const DECAY: f64 = 0.95;
-    /// The slower way runs again whenever its share of the recent time falls below this: about
-    /// what trying it costs where its pace is unchanged.
-    const PROBE_SHARE: f64 = 1.0 / 32.0;
+    /// A step's weight one step later: a memory of about ten steps, so that the choice follows
+    /// the text (a copied passage starting or ending) within about twenty steps.
+    const DECAY: f64 = 0.9;
+    /// The slower way runs one step again once the faster one has run this many times as long
+    /// as that step took the last time: about 1/33 of the time goes to trying it where its pace
+    /// is unchanged.
+    const PROBE_AFTER: f64 = 32.0;
     /// Steps of each way before they are compared, so that one unlucky step (a first proposal
-    /// rejected) does not keep the decoder on the other way for tens of steps.
+    /// rejected) does not keep the decoder on the other way.
     const FIRST_STEPS: u32 = 2;
 
     /// Whether the next step should propose drafts; a proposer that `catches_up`
     /// ([`Proposer::catches_up`]) is not tried again once plain steps are the faster way.
-    fn speculate(&self, catches_up: bool) -> bool {
-        if self.steps.iter().any(|&n| n < Self::FIRST_STEPS) {
+    pub(crate) fn speculate(&self, catches_up: bool) -> bool {
+        if !self.compared() {
             // Drafts first, then the ways in turn.
             return self.steps[1] <= self.steps[0];
         }
-        let rate = |m: usize| self.tokens[m] / self.secs[m].max(f64::MIN_POSITIVE);
-        let faster = usize::from(rate(1) >= rate(0));
+        let faster = usize::from(self.drafts_faster());
         let slower = 1 - faster;
         if catches_up && faster == 0 {
             return false;
         }
-        let due = self.secs[slower] < Self::PROBE_SHARE * (self.secs[0] + self.secs[1]);
+        let due = self.since[slower] >= Self::PROBE_AFTER * self.last[slower];
         (if due { slower } else { faster }) == 1
+    }
+
+    /// Whether steps with drafts have appended more tokens per second than steps without.
+    pub(crate) fn drafts_faster(&self) -> bool {
+        let rate = |m: usize| self.tokens[m] / self.secs[m].max(f64::MIN_POSITIVE);
+        rate(1) >= rate(0)
+    }
+
+    /// Whether both ways have been measured enough to be compared.
+    pub(crate) fn compared(&self) -> bool {
+        self.steps.iter().all(|&n| n >= Self::FIRST_STEPS)
     }
 
     /// Counts one step that took `secs` and appended `tokens`, with drafts or without (a step
     /// whose proposer drafted nothing is a step without: it measured plain decoding's pace).
-    fn record(&mut self, drafted: bool, secs: f64, tokens: u64) {
+    pub(crate) fn record(&mut self, drafted: bool, secs: f64, tokens: u64) {
         for m in 0..2 {
             self.secs[m] *= Self::DECAY;
             self.tokens[m] *= Self::DECAY;
@@ -139,12 +155,19 @@ impl Pace {
         self.secs[m] += secs;
         self.tokens[m] += tokens as f64;
         self.steps[m] = self.steps[m].saturating_add(1);
+        self.last[m] = secs;
+        self.since[m] = 0.0;
+        self.since[1 - m] += secs;
     }
 }
 
-/// Whether a request's output is the target's greedy output whatever is proposed for it.
-fn greedy_whatever_drafted(params: &SamplingParams) -> bool {
-    params.temperature == 0.0 && matches!(params.rule, Rule::Exact | Rule::Block)
+/// Whether [`Speculation::WhilePaying`] may choose the way a step of this request is taken:
+/// greedy requests whose output is the target's greedy output whatever is proposed, and
+/// [`Rule::Synthetic`] ones, the benchmarks' stand-in for such requests (their tokens are
+/// meaningless either way).
+pub(crate) fn adapts(params: &SamplingParams) -> bool {
+    params.rule == Rule::Synthetic
+        || (params.temperature == 0.0 && matches!(params.rule, Rule::Exact | Rule::Block))
 }
 
 /// Settings of a [`SpecDecoder`].
@@ -310,9 +333,7 @@ impl<'v> SpecDecoder<'v> {
             let t0 = Instant::now();
             let adaptive = self.config.speculation == Speculation::WhilePaying
                 && k > 0
-                && live
-                    .iter()
-                    .all(|&r| greedy_whatever_drafted(&requests[r].params));
+                && live.iter().all(|&r| adapts(&requests[r].params));
             let speculate = !adaptive || first || pace.speculate(proposer.catches_up());
             let step_k = if speculate { k } else { 0 };
             let views: Vec<SeqView<'_>> = live
@@ -531,5 +552,86 @@ impl<'v> SpecDecoder<'v> {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+
+    /// Runs `steps` decisions on a machine where a step with drafts takes `spec.0` seconds for
+    /// `spec.1` tokens and a step without `plain.0` for `plain.1` (as functions of the step's
+    /// index); returns the decisions.
+    fn simulate(
+        pace: &mut Pace,
+        steps: usize,
+        catches_up: bool,
+        spec: impl Fn(usize) -> (f64, u64),
+        plain: impl Fn(usize) -> (f64, u64),
+    ) -> Vec<bool> {
+        (0..steps)
+            .map(|i| {
+                let drafts = pace.speculate(catches_up);
+                let (secs, tokens) = if drafts { spec(i) } else { plain(i) };
+                pace.record(drafts, secs, tokens);
+                drafts
+            })
+            .collect()
+    }
+
+    fn count(ways: &[bool], drafts: bool) -> usize {
+        ways.iter().filter(|&&w| w == drafts).count()
+    }
+
+    #[test]
+    fn ways_take_turns_until_both_are_measured() {
+        let mut pace = Pace::default();
+        let ways = simulate(&mut pace, 4, false, |_| (1.0, 5), |_| (1.0, 1));
+        assert_eq!(ways, [true, false, true, false]);
+        assert!(pace.compared() && pace.drafts_faster());
+    }
+
+    #[test]
+    fn the_faster_way_runs_and_the_slower_one_about_a_32nd_of_the_time() {
+        // Drafts 5x faster per second: plain steps are probes only.
+        let mut pace = Pace::default();
+        let ways = simulate(&mut pace, 400, false, |_| (1.0, 5), |_| (1.0, 1));
+        let plain = count(&ways[4..], false);
+        assert!((4..=24).contains(&plain), "{plain} plain steps of 396");
+        // Plain 5x faster (drafts' steps five times as long): drafts are probes only, and a
+        // proposer that must catch up is never tried again.
+        for (catches_up, lo, hi) in [(false, 2, 12), (true, 0, 0)] {
+            let mut pace = Pace::default();
+            let ways = simulate(&mut pace, 400, catches_up, |_| (5.0, 1), |_| (1.0, 1));
+            let drafted = count(&ways[4..], true);
+            assert!(
+                (lo..=hi).contains(&drafted),
+                "catches_up {catches_up}: {drafted} steps with drafts of 396"
+            );
+        }
+    }
+
+    #[test]
+    fn a_change_of_pace_is_followed() {
+        // Drafts win for 100 steps, then every draft is rejected (a copied passage ends): the
+        // decoder is on plain steps within about twenty steps, and tries drafts only as probes
+        // (one every 48 steps: 32 times a 1.5 s step) after that.
+        let mut pace = Pace::default();
+        let spec = |i: usize| if i < 100 { (1.0, 5) } else { (1.5, 1) };
+        let ways = simulate(&mut pace, 200, false, spec, |_| (1.0, 1));
+        let late = count(&ways[125..], true);
+        assert!(
+            late <= 2,
+            "{late} steps with drafts from 25 steps after the change"
+        );
+        // Plain wins for 100 steps, then drafts start to be accepted: noticed at the next probe.
+        let mut pace = Pace::default();
+        let spec = |i: usize| if i < 100 { (1.5, 1) } else { (1.5, 6) };
+        let ways = simulate(&mut pace, 250, false, spec, |_| (1.0, 1));
+        let late = count(&ways[200..], true);
+        assert!(
+            late >= 45,
+            "{late} of 50 steps with drafts long after the change"
+        );
     }
 }

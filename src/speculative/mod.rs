@@ -32,6 +32,8 @@ mod scorer;
 
 #[doc(hidden)]
 pub use decoder::DecodeFault;
+#[cfg(feature = "candle")]
+pub(crate) use decoder::{adapts, Pace};
 pub use decoder::{DecoderConfig, GenRequest, Generation, SpecDecoder, Speculation, StopReason};
 pub use draft::{DraftModel, DraftModelProposer};
 pub use gather_rows::{gather_rows_cpu, GatherRows};

@@ -28,7 +28,9 @@
 
 use super::sequence::{finish_read, start_read, PendingRead};
 use super::{GpuModelError, GpuSequence};
-use crate::speculative::{Metrics, NgramProposer, NgramTreeProposer, StopReason};
+use crate::speculative::{
+    Metrics, NgramProposer, NgramTreeProposer, Pace, Speculation, StopReason,
+};
 use crate::tree::{TreeNode, TreeRequest};
 use crate::{Draft, GpuDraft, GpuRows, GpuTreeBatch, GpuVerifyBatch, Request, SamplingParams};
 use crate::{PendingTree, Verifier};
@@ -41,6 +43,11 @@ use std::time::Instant;
 /// GPU runs one while the host reads the other. Up to `2 · PLAIN_WINDOW − 1` tokens past an
 /// end-of-sequence token are computed and dropped.
 pub const PLAIN_WINDOW: usize = 8;
+
+/// Tokens of a plain run that [`Speculation::WhilePaying`] takes instead of a speculative step
+/// with n-gram drafts: two windows, so that the GPU runs one while the host reads the other, as
+/// in plain decoding.
+pub const PLAIN_RUN: usize = 2 * PLAIN_WINDOW;
 
 /// Where a step's drafts come from.
 #[derive(Debug)]
@@ -70,6 +77,11 @@ pub struct GpuDecodeConfig {
     /// Conditional acceptance rates per draft position for [`crate::Rule::Synthetic`] requests
     /// (benchmarks with random weights); ignored by the other rules.
     pub synthetic_rates: Option<Vec<f32>>,
+    /// When to propose (default [`Speculation::WhilePaying`]: greedy generations take plain
+    /// runs of [`PLAIN_RUN`] tokens, recorded ahead as plain decoding does, wherever those
+    /// have appended more tokens per second; a draft model, once plain runs are faster, is not
+    /// tried again in that `generate` call, which then decodes plainly to its end).
+    pub speculation: Speculation,
 }
 
 impl Default for GpuDecodeConfig {
@@ -78,6 +90,7 @@ impl Default for GpuDecodeConfig {
             num_drafts: 4,
             eos: Vec::new(),
             synthetic_rates: None,
+            speculation: Speculation::default(),
         }
     }
 }
@@ -241,14 +254,48 @@ impl<'v> GpuDecoder<'v> {
             return Ok(GpuGeneration { tokens, stop });
         }
         let mut out = Vec::new();
+        let adaptive = self.config.speculation == Speculation::WhilePaying
+            && self.config.num_drafts > 0
+            && crate::speculative::adapts(&params);
+        let catches_up = matches!(self.proposer, GpuProposer::Model(_));
+        // As `SpecDecoder` does: learned anew by every call, its first step (the draft model's
+        // prefill of the prompt) not counted.
+        let mut pace = Pace::default();
+        let mut first = true;
         let stop = loop {
             if out.len() >= max_new_tokens {
                 break StopReason::MaxLen;
             }
+            let t0 = Instant::now();
+            // A step submitted ahead on a guess is in flight: it is taken.
+            let in_flight = self.guessed.is_some() || self.guessed_tree.is_some();
+            if adaptive && !first && !in_flight && !pace.speculate(catches_up) {
+                // A draft model that plain runs have beaten is not tried again: the rest of
+                // the call is one plain run.
+                let n = if catches_up && pace.compared() && !pace.drafts_faster() {
+                    max_new_tokens - out.len()
+                } else {
+                    PLAIN_RUN.min(max_new_tokens - out.len())
+                };
+                let (tokens, stop) = self.plain_run(&mut seq, &params, n)?;
+                pace.record(false, t0.elapsed().as_secs_f64(), tokens.len() as u64);
+                out.extend_from_slice(&tokens);
+                if stop == StopReason::Eos {
+                    break StopReason::Eos;
+                }
+                continue;
+            }
             let cap = (max_new_tokens - out.len())
                 .saturating_sub(1)
                 .min(self.config.num_drafts);
+            let proposed = self.metrics.proposed;
             let emitted = self.step(&mut seq, &params, cap, max_new_tokens - out.len())?;
+            let drafted = self.metrics.proposed > proposed;
+            if adaptive && !first {
+                let secs = t0.elapsed().as_secs_f64();
+                pace.record(drafted, secs, emitted.len() as u64);
+            }
+            first = false;
             let mut stop = None;
             for &t in &emitted {
                 if out.len() >= max_new_tokens {
@@ -1082,6 +1129,22 @@ impl<'v> GpuDecoder<'v> {
         self.target.truncate(seq.tokens.len() - 1)?;
         self.metrics.score_time += t0.elapsed();
         Ok((out, stop))
+    }
+
+    /// A plain run of up to `n` tokens in place of speculative steps
+    /// ([`Speculation::WhilePaying`]): no step is in flight, and a first draft recorded ahead
+    /// for the next step is dropped (the draft model catches up when it drafts again).
+    fn plain_run(
+        &mut self,
+        seq: &mut Committed,
+        params: &SamplingParams,
+        n: usize,
+    ) -> Result<(Vec<u32>, StopReason), GpuModelError> {
+        if let Some((p, _)) = self.ahead.take() {
+            self.verifier.release(p);
+        }
+        self.metrics.plain_steps += 1;
+        self.plain(seq, params, n)
     }
 
     /// `n` plain tokens after `seq` in one window (one readback), appended to `seq`; the target
