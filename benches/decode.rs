@@ -34,10 +34,11 @@
 //!
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
-//! verify_share, prompt, temperature, rounds, speculation`; CSVs written before the last four
-//! columns existed have ten, before the last one thirteen). `--cpu` rows come in pairs: the
-//! decoder speculating on every step (`speculation = always`) and its default, which falls back
-//! to plain steps where they are faster (`while-paying`). tok/s is the median over rounds of generated tokens per second of decode
+//! verify_share, prompt, temperature, rounds, speculation, tokens`; CSVs written before the last
+//! five columns existed have ten, before the last two thirteen). Chain runs write rows in pairs:
+//! the decoder speculating on every step (`speculation = always`) and its default, which takes
+//! plain steps (runs, on the GPU) where they are faster (`while-paying`; its
+//! `accepted_per_step` counts each plain token as a target call). tok/s is the median over rounds of generated tokens per second of decode
 //! time (the prompt's prefill excluded); `accepted_per_step` is the mean of accepted drafts per
 //! target call; `verify_share` is the verifier's GPU time on the step's `k + 1` rows (timestamp
 //! queries where the adapter has them, else the wall time of a verify-only submission, an upper
@@ -489,7 +490,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     ..DecoderConfig::default()
                 },
             );
-            let request = GenRequest::new(prompt.clone(), params, prompt.len() + a.tokens);
+            let request = GenRequest::new(prompt.clone(), params, a.tokens);
             let out = decoder.generate(&mut target, proposer.as_mut(), &[request])?;
             let m = decoder.metrics().clone();
             let rate = out[0].tokens.len() as f64 / m.elapsed.as_secs_f64();
@@ -545,6 +546,7 @@ fn run_cpu(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             temperature: a.temperature,
             rounds: a.rounds,
             speculation: name,
+            tokens: a.tokens,
         };
         println!("{}", row.csv());
         println!(
@@ -774,6 +776,7 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             temperature: a.temperature,
             rounds: a.rounds,
             speculation,
+            tokens: a.tokens,
         }
     };
     let mut rows = vec![];
@@ -833,19 +836,21 @@ struct Row {
     prompt: String,
     temperature: f32,
     rounds: usize,
-    /// `always` (every step proposes) or `while-paying` (the CPU decoder's default,
-    /// `Speculation::WhilePaying`); the GPU decoder always proposes.
+    /// `always` (every step proposes) or `while-paying` (the decoders' default,
+    /// `Speculation::WhilePaying`).
     speculation: &'static str,
+    /// Tokens generated per run (`--tokens`).
+    tokens: usize,
 }
 
 impl Row {
     const HEADER: &'static str = "model,draft,proposer,backend,adapter,k,plain_tok_s,spec_tok_s,\
                                   accepted_per_step,verify_share,prompt,temperature,rounds,\
-                                  speculation";
+                                  speculation,tokens";
 
     fn csv(&self) -> String {
         format!(
-            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{},{},{},{},{}",
+            "{},{},{},{},\"{}\",{},{:.2},{:.2},{:.3},{},{},{},{},{},{}",
             self.model,
             self.draft,
             self.proposer,
@@ -860,7 +865,8 @@ impl Row {
             self.prompt,
             self.temperature,
             self.rounds,
-            self.speculation
+            self.speculation,
+            self.tokens
         )
     }
 
