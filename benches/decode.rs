@@ -35,10 +35,10 @@
 //! Output: one table row per configuration and, with `--csv`, the row appended to the CSV
 //! (`model, draft, proposer, backend, adapter, k, plain_tok_s, spec_tok_s, accepted_per_step,
 //! verify_share, prompt, temperature, rounds, speculation, tokens`; CSVs written before the last
-//! five columns existed have ten, before the last two thirteen). Chain runs write rows in pairs:
-//! the decoder speculating on every step (`speculation = always`) and its default, which takes
-//! plain steps (runs, on the GPU) where they are faster (`while-paying`; its
-//! `accepted_per_step` counts each plain token as a target call). tok/s is the median over rounds of generated tokens per second of decode
+//! five columns existed have ten, before the last two thirteen). `--cpu` runs and GPU runs with
+//! a draft model write rows in pairs: the decoder speculating on every step (`speculation =
+//! always`) and its default, which takes plain steps (runs, on the GPU) where they are faster
+//! (`while-paying`; its `accepted_per_step` counts each plain token as a target call). tok/s is the median over rounds of generated tokens per second of decode
 //! time (the prompt's prefill excluded); `accepted_per_step` is the mean of accepted drafts per
 //! target call; `verify_share` is the verifier's GPU time on the step's `k + 1` rows (timestamp
 //! queries where the adapter has them, else the wall time of a verify-only submission, an upper
@@ -656,19 +656,20 @@ fn run_inner(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         proposer(a, &target, &verifier)?,
         config.clone(),
     )?;
-    // A chain run also times the decoder's default, which takes plain runs where they are
-    // faster (`Speculation::WhilePaying`), in the same rounds.
-    let mut paying = match a.draft.starts_with("ngram-tree:") {
-        true => None,
-        false => Some(GpuDecoder::new(
+    // A draft-model run also times the decoder's default, which takes plain runs where they
+    // are faster (`Speculation::WhilePaying`), in the same rounds; with n-gram drafts the
+    // default speculates on every step, as `spec` does.
+    let mut paying = match proposer(a, &target, &verifier)? {
+        p @ GpuProposer::Model(_) => Some(GpuDecoder::new(
             &verifier,
             seq()?,
-            proposer(a, &target, &verifier)?,
+            p,
             GpuDecodeConfig {
                 speculation: Speculation::WhilePaying,
                 ..config.clone()
             },
         )?),
+        _ => None,
     };
     // A tree run also times the n-gram chain of the same depth, in the same rounds.
     let tree = a.draft.starts_with("ngram-tree:");

@@ -318,21 +318,13 @@ const CALL_COSTS: (Duration, Duration) = (Duration::from_millis(3), Duration::ZE
 fn speculation_stops_where_it_loses() {
     let lm = MockLm::peaked(V);
     let want = reference_greedy(&lm, &[7, 9, 11], 3 + 300, &[]);
-    let greedy = SamplingParams::greedy();
-    let (always, am, at) = timed_run(
-        &mut WrongDrafts(lm, false),
-        greedy,
-        Speculation::Always,
-        ROW_COSTS,
-        300,
-    );
-    let (paying, pm, pt) = timed_run(
-        &mut WrongDrafts(lm, false),
-        greedy,
-        Speculation::WhilePaying,
-        ROW_COSTS,
-        300,
-    );
+    let run = |catches_up, speculation| {
+        let greedy = SamplingParams::greedy();
+        let mut drafts = WrongDrafts(lm, catches_up);
+        timed_run(&mut drafts, greedy, speculation, ROW_COSTS, 300)
+    };
+    let (always, am, at) = run(false, Speculation::Always);
+    let (paying, pm, pt) = run(false, Speculation::WhilePaying);
     eprintln!("always: {at:?}, {am}\nwhile paying: {pt:?}, {pm}");
     assert_eq!(always, want);
     assert_eq!(
@@ -356,13 +348,7 @@ fn speculation_stops_where_it_loses() {
         pm.target_calls - pm.plain_steps > 3,
         "a lookup was never tried again: {pm}"
     );
-    let (stateful, sm, _) = timed_run(
-        &mut WrongDrafts(lm, true),
-        greedy,
-        Speculation::WhilePaying,
-        ROW_COSTS,
-        300,
-    );
+    let (stateful, sm, _) = run(true, Speculation::WhilePaying);
     assert_eq!(stateful, want);
     assert_eq!(sm.target_calls - sm.plain_steps, 3, "{sm}");
 }

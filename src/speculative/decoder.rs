@@ -82,9 +82,9 @@ pub enum Speculation {
     /// about 1/32 of the time, so a change of pace (a copied passage starting or ending) is
     /// noticed, except a proposer that must catch up on the steps it missed
     /// ([`super::Proposer::catches_up`], a draft model), which plain steps that have measured
-    /// faster replace for the rest of the call. Where speculation loses (drafts mostly rejected, or extra rows that cost nearly
-    /// a whole call each) the decoder so falls back to plain decoding instead of running slower
-    /// than it. A step with a sampled request always speculates: the way a step is taken would
+    /// faster replace for the rest of the call. Where speculation loses (drafts mostly
+    /// rejected, or extra rows that cost nearly a whole call each) the decoder so falls back to
+    /// plain decoding instead of running slower than it. A step with a sampled request always speculates: the way a step is taken would
     /// depend on timing, and a seeded sampled run's tokens (though distributed the same either
     /// way) would then differ from run to run.
     #[default]

@@ -256,13 +256,14 @@ impl<'v> GpuDecoder<'v> {
             return Ok(GpuGeneration { tokens, stop });
         }
         let mut out = Vec::new();
-        // N-gram drafts keep speculating: where they find no match a step is already a plain
-        // burst, and on the H200 plain runs cost them more than they saved (code-editing
-        // prompt 2.47x plain against 3.12x, Python prompt 0.88x against 0.87x; docs/gpu-decoding.md).
-        let catches_up = matches!(self.proposer, GpuProposer::Model(_));
+        // Only a draft model chooses. N-gram drafts keep speculating: where they find no match
+        // a step is already a plain burst, and on the H200 plain runs cost them more than they
+        // saved (code-editing prompt 2.47x plain against 3.12x, Python prompt 0.88x against
+        // 0.87x; docs/gpu-decoding.md). So no step guessed ahead (n-gram only) is ever in
+        // flight when a plain run starts.
         let adaptive = self.config.speculation == Speculation::WhilePaying
             && self.config.num_drafts > 0
-            && catches_up
+            && matches!(self.proposer, GpuProposer::Model(_))
             && crate::speculative::adapts(&params);
         // As `SpecDecoder` does: learned anew by every call, its first step (the draft model's
         // prefill of the prompt) not counted.
@@ -273,12 +274,11 @@ impl<'v> GpuDecoder<'v> {
                 break StopReason::MaxLen;
             }
             let t0 = Instant::now();
-            // A step submitted ahead on a guess is in flight: it is taken.
-            let in_flight = self.guessed.is_some() || self.guessed_tree.is_some();
-            if adaptive && !first && !in_flight && !pace.speculate(catches_up) {
+            // A draft model catches up on the tokens it missed (`catches_up`).
+            if adaptive && !first && !pace.speculate(true) {
                 // A draft model that plain runs have beaten is not tried again: the rest of
                 // the call is one plain run.
-                let n = if catches_up && pace.compared() && !pace.drafts_faster() {
+                let n = if pace.compared() && !pace.drafts_faster() {
                     max_new_tokens - out.len()
                 } else {
                     PLAIN_RUN.min(max_new_tokens - out.len())
